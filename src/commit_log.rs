@@ -1,0 +1,709 @@
+//! The CommitLog of one shard: fixed-size segments written with direct I/O through
+//! a pool of in-memory write windows (coremq's TransientStorePool).
+//!
+//! Three positions, per log, always `flushed <= committed <= written`:
+//! * **written**: puts encode records into the current window (memory only);
+//! * **committed**: the writer task copies `[align_down(committed), written)` into
+//!   aligned DMA buffers and writes them at aligned file offsets; the partial last
+//!   page is written padded with zeros and rewritten (same prefix) by the next commit;
+//! * **flushed**: the writer fdatasyncs the segments that hold committed bytes.
+//!
+//! Windows are `write_buffer_bytes` long and aligned to their own size, so a window
+//! never spans two segments. The newest windows stay resident and serve reads of
+//! recent data; a window is recycled only once it is fully committed, so any byte not
+//! resident is in its segment file. Puts never touch a file: segment files are
+//! created by the writer (one segment ahead), so no put waits for file creation.
+//!
+//! Why copy into DMA buffers instead of writing windows in place: glommio's
+//! `write_at` takes ownership of the buffer, and puts keep appending to the current
+//! window while a commit is in flight. The copy costs one memcpy per byte.
+
+use crate::config::{FlushMode, StoreConfig};
+use crate::error::{Error, Result};
+use crate::format::Corruption;
+use crate::format::record::{self, Decoded, Verify};
+use crate::io::{self, File, PAGE, align_down, align_up};
+use crate::sync::{Notify, OffsetWatch};
+use bytes::{Bytes, BytesMut};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+struct Windows {
+    /// Window index of `resident[0]`.
+    first: u64,
+    resident: VecDeque<Vec<u8>>,
+    /// Zeroed buffers ready for use.
+    free: Vec<Vec<u8>>,
+}
+
+pub struct CommitLog {
+    dir: PathBuf,
+    cfg: Rc<StoreConfig>,
+    seg_bytes: u64,
+    win_bytes: u64,
+    segments: RefCell<BTreeMap<u64, Rc<File>>>,
+    min_offset: Cell<u64>,
+    written: Cell<u64>,
+    /// Store timestamp of the last record appended, and the one captured with the
+    /// last commit (for the checkpoint's physicMsgTimestamp).
+    last_put_ts: Cell<i64>,
+    committed_ts: Cell<i64>,
+    flushed_ts: Cell<i64>,
+    pub committed: OffsetWatch,
+    pub flushed: OffsetWatch,
+    windows: RefCell<Windows>,
+    writer_wake: Notify,
+    /// Set after a write/sync failure: no more writes until reopened (fail-stop).
+    failed: RefCell<Option<String>>,
+    stopping: Cell<bool>,
+    flush_now: Cell<bool>,
+}
+
+/// Where a blob of records goes: `start`, after an optional blank at `blank_at`.
+pub struct Placement {
+    pub start: u64,
+    pub blank_at: Option<u64>,
+}
+
+/// What recovery found at the end of the log.
+#[derive(Debug, Clone, Default)]
+pub struct ScanReport {
+    pub records: u64,
+    pub end: u64,
+    /// Set when a torn tail was cut: (offset, what was wrong there, bytes zeroed).
+    pub truncated: Option<(u64, Corruption, u64)>,
+}
+
+impl CommitLog {
+    /// Opens the segments in `dir` (creating the directory), validates their names
+    /// and sizes, and scans from `scan_from` to find the end of valid data.
+    /// Records below `durable_below` must be valid; anything else is refused.
+    pub async fn open(
+        cfg: Rc<StoreConfig>,
+        scan_from: u64,
+        durable_below: u64,
+        scan_whole_tail: bool,
+    ) -> Result<(Rc<CommitLog>, ScanReport)> {
+        let dir = cfg.root.join("commitlog");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create dir", &dir, 0, e))?;
+        let seg_bytes = cfg.commit_log_segment_bytes;
+        let (files, other) = io::list_offset_files(&dir)?;
+        if let Some(p) = other.iter().find(|p| p.is_file()) {
+            return Err(Error::BadLayout {
+                path: p.clone(),
+                why: "unexpected file in commitlog/ (segments are named by 20-digit offsets)"
+                    .into(),
+            });
+        }
+        let mut segments = BTreeMap::new();
+        let mut expected: Option<u64> = None;
+        let count = files.len();
+        for (i, (start, path)) in files.into_iter().enumerate() {
+            let len = std::fs::metadata(&path).map_err(|e| Error::io("stat", &path, 0, e))?.len();
+            if len == 0 && i + 1 == count {
+                // A segment created but never sized (crash during creation).
+                std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, 0, e))?;
+                continue;
+            }
+            if start % seg_bytes != 0 || len != seg_bytes {
+                return Err(Error::BadLayout {
+                    path,
+                    why: format!(
+                        "segment is {len} bytes at offset {start}; this store uses {seg_bytes}-byte \
+                         segments (set commit_log_segment_bytes to the size the store was created with)"
+                    ),
+                });
+            }
+            if let Some(exp) = expected {
+                if start != exp {
+                    return Err(Error::BadLayout {
+                        path,
+                        why: format!("gap in the commit log: expected a segment at {exp}"),
+                    });
+                }
+            }
+            expected = Some(start + seg_bytes);
+            segments.insert(start, File::open(&path, false).await?);
+        }
+        let min_offset = segments.keys().next().copied().unwrap_or(0);
+        let win_bytes = cfg.write_buffer_bytes as u64;
+        let log = Rc::new(CommitLog {
+            dir,
+            seg_bytes,
+            win_bytes,
+            segments: RefCell::new(segments),
+            min_offset: Cell::new(min_offset),
+            written: Cell::new(min_offset),
+            last_put_ts: Cell::new(0),
+            committed_ts: Cell::new(0),
+            flushed_ts: Cell::new(0),
+            committed: OffsetWatch::new(min_offset),
+            flushed: OffsetWatch::new(min_offset),
+            windows: RefCell::new(Windows { first: 0, resident: VecDeque::new(), free: Vec::new() }),
+            writer_wake: Notify::default(),
+            failed: RefCell::new(None),
+            stopping: Cell::new(false),
+            flush_now: Cell::new(false),
+            cfg,
+        });
+        let report = log.scan(scan_from.max(min_offset), durable_below, scan_whole_tail).await?;
+        log.set_end(report.end).await?;
+        Ok((log, report))
+    }
+
+    fn segment_start(&self, off: u64) -> u64 {
+        off / self.seg_bytes * self.seg_bytes
+    }
+
+    fn segment_path(&self, start: u64) -> PathBuf {
+        self.dir.join(io::offset_name(start))
+    }
+
+    fn segment_file(&self, start: u64) -> Option<Rc<File>> {
+        self.segments.borrow().get(&start).cloned()
+    }
+
+    /// The segment file starting at `start`, created (sized, sparse) if missing.
+    async fn ensure_segment(&self, start: u64) -> Result<Rc<File>> {
+        if let Some(f) = self.segment_file(start) {
+            return Ok(f);
+        }
+        let path = self.segment_path(start);
+        let f = File::create_sized(&path, self.seg_bytes).await?;
+        tracing::debug!(path = %path.display(), "created commit-log segment");
+        Ok(self.segments.borrow_mut().entry(start).or_insert(f).clone())
+    }
+
+    /// Reads `len` bytes at `off` straight from the segment files (no windows).
+    async fn read_files(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(len);
+        let mut pos = off;
+        while out.len() < len {
+            let seg = self.segment_start(pos);
+            let Some(file) = self.segment_file(seg) else { break };
+            let want = (len - out.len()).min((seg + self.seg_bytes - pos) as usize);
+            let r = file.read(pos - seg, want).await?;
+            out.extend_from_slice(&r[..]);
+            if r.len() < want {
+                break;
+            }
+            pos += want as u64;
+        }
+        Ok(out)
+    }
+
+    /// Recovery scan: validates records from `from` and returns where valid data ends.
+    async fn scan(&self, from: u64, durable_below: u64, scan_whole_tail: bool) -> Result<ScanReport> {
+        let chunk = (8 << 20).max(self.cfg.max_record_bytes() * 2);
+        let max_total = self.cfg.max_record_bytes();
+        let mut report = ScanReport::default();
+        let mut pos = from;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut buf_start = pos;
+        let bad = loop {
+            let seg = self.segment_start(pos);
+            if self.segment_file(seg).is_none() {
+                break None;
+            }
+            let seg_end = seg + self.seg_bytes;
+            let in_buf = pos >= buf_start && pos < buf_start + buf.len() as u64;
+            let avail = if in_buf { buf_start + buf.len() as u64 - pos } else { 0 };
+            if avail < (max_total as u64).min(seg_end - pos) {
+                buf = self.read_files(pos, chunk.min((seg_end - pos) as usize)).await?;
+                buf_start = pos;
+            }
+            let at = (pos - buf_start) as usize;
+            let verify = Verify { crc: true, at_offset: Some(pos as i64), max_total_size: max_total };
+            match record::decode(&buf[at..], verify) {
+                Ok(Decoded::Record(r)) => {
+                    report.records += 1;
+                    self.last_put_ts.set(r.store_timestamp);
+                    pos += r.total_size as u64;
+                    if pos + record::END_FILE_MIN_BLANK_LENGTH as u64 > seg_end {
+                        // RocketMQ never writes a record this close to the end.
+                        break Some((pos, Corruption::BadLength(r.total_size as i64)));
+                    }
+                }
+                Ok(Decoded::Blank(n)) if pos + n as u64 == seg_end => pos = seg_end,
+                Ok(Decoded::Blank(n)) => break Some((pos, Corruption::BadLength(n as i64))),
+                Err(e) => break Some((pos, e)),
+            }
+        };
+        report.end = pos;
+        let Some((bad_at, kind)) = bad else { return Ok(report) };
+        let path = self.segment_path(self.segment_start(bad_at));
+        if bad_at < durable_below {
+            return Err(Error::Corrupt {
+                path,
+                offset: bad_at - self.segment_start(bad_at),
+                kind,
+                detail: Some(format!(
+                    "commit-log offset {bad_at} is below the checkpointed flushed offset \
+                     {durable_below}: acknowledged data is damaged; refusing to truncate it"
+                )),
+            });
+        }
+        let is_end_of_data = kind == Corruption::BadMagic(0) && !scan_whole_tail;
+        let (found, last_nonzero) = if is_end_of_data {
+            (None, None)
+        } else {
+            self.resync_scan(bad_at).await?
+        };
+        if let Some(valid_at) = found {
+            return Err(Error::Corrupt {
+                path,
+                offset: bad_at - self.segment_start(bad_at),
+                kind,
+                detail: Some(format!(
+                    "commit-log offset {bad_at} is damaged but a valid record follows at {valid_at}: \
+                     interior corruption; refusing to truncate acknowledged data"
+                )),
+            });
+        }
+        if let Some(last) = last_nonzero {
+            let zeroed = self.zero_range(bad_at, last + 1).await?;
+            report.truncated = Some((bad_at, kind, zeroed));
+            tracing::warn!(offset = bad_at, %kind, zeroed, "commit log: cut a torn tail");
+        }
+        Ok(report)
+    }
+
+    /// Looks past a bad record for any valid record (which would make the damage
+    /// interior) and for the last non-zero byte (junk to erase). Reads the rest of the
+    /// bad record's segment and every later segment.
+    async fn resync_scan(&self, bad_at: u64) -> Result<(Option<u64>, Option<u64>)> {
+        let max_total = self.cfg.max_record_bytes();
+        let chunk = 8 << 20;
+        let last_seg = *self.segments.borrow().keys().next_back().unwrap_or(&0);
+        let end = last_seg + self.seg_bytes;
+        let mut pos = bad_at + 1;
+        let mut last_nonzero = None;
+        let magic_v1 = record::MAGIC_V1.to_be_bytes();
+        let magic_v2 = record::MAGIC_V2.to_be_bytes();
+        while pos < end {
+            let seg_end = self.segment_start(pos) + self.seg_bytes;
+            let len = ((seg_end - pos) as usize).min(chunk + max_total);
+            let buf = self.read_files(pos, len).await?;
+            if let Some(i) = buf.iter().rposition(|b| *b != 0) {
+                last_nonzero = Some(pos + i as u64);
+            }
+            let scan_len = buf.len().min(chunk);
+            let mut i = 0;
+            while i < scan_len {
+                let Some(j) = buf[i..scan_len].iter().position(|b| *b == 0xDA) else { break };
+                let p = i + j;
+                if p >= 4 && (buf[p..].starts_with(&magic_v1) || buf[p..].starts_with(&magic_v2)) {
+                    let start = p - 4;
+                    let at = pos + start as u64;
+                    let verify = Verify { crc: true, at_offset: Some(at as i64), max_total_size: max_total };
+                    if let Ok(Decoded::Record(_)) = record::decode(&buf[start..], verify) {
+                        return Ok((Some(at), last_nonzero));
+                    }
+                }
+                i = p + 1;
+            }
+            pos += scan_len.max(1) as u64;
+        }
+        Ok((None, last_nonzero))
+    }
+
+    /// Overwrites `[from, to)` with zeros on disk, keeping the bytes before `from` in
+    /// its page. Returns the bytes zeroed.
+    async fn zero_range(&self, from: u64, to: u64) -> Result<u64> {
+        let mut pos = align_down(from);
+        let head = self.read_files(pos, (from - pos) as usize).await?;
+        let mut first = true;
+        while pos < to {
+            let seg = self.segment_start(pos);
+            let seg_end = seg + self.seg_bytes;
+            let len = ((align_up(to) - pos) as usize).min(8 << 20).min((seg_end - pos) as usize);
+            let Some(file) = self.segment_file(seg) else { break };
+            let mut data = vec![0u8; len];
+            if first {
+                data[..head.len()].copy_from_slice(&head);
+                first = false;
+            }
+            file.write_aligned(pos - seg, &data).await?;
+            file.sync().await?;
+            pos += len as u64;
+        }
+        Ok(to - from)
+    }
+
+    /// Sets every position to `end` after recovery, drops segments past it, and loads
+    /// the window holding `end` so the next commit can rewrite its partial page.
+    async fn set_end(&self, end: u64) -> Result<()> {
+        let keep_until = self.segment_start(end);
+        let doomed: Vec<u64> = self.segments.borrow().range(keep_until + 1..).map(|(s, _)| *s).collect();
+        for s in doomed {
+            let f = self.segments.borrow_mut().remove(&s).unwrap();
+            std::fs::remove_file(&f.path).map_err(|e| Error::io("remove", &f.path, 0, e))?;
+            tracing::warn!(path = %f.path.display(), "removed commit-log segment past the recovered end");
+        }
+        io::sync_dir(&self.dir)?;
+        self.written.set(end);
+        self.committed.set(end);
+        self.flushed.set(end);
+        let win_start = end / self.win_bytes * self.win_bytes;
+        let mut first = vec![0u8; self.win_bytes as usize];
+        let prefix = self.read_files(win_start, (end - win_start) as usize).await?;
+        first[..prefix.len()].copy_from_slice(&prefix);
+        let mut w = self.windows.borrow_mut();
+        w.first = win_start / self.win_bytes;
+        w.resident.push_back(first);
+        for _ in 1..self.cfg.write_buffer_count {
+            w.free.push(vec![0u8; self.win_bytes as usize]);
+        }
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn min_offset(&self) -> u64 {
+        self.min_offset.get()
+    }
+    pub fn written(&self) -> u64 {
+        self.written.get()
+    }
+    pub fn segment_bytes(&self) -> u64 {
+        self.seg_bytes
+    }
+    pub fn flushed_timestamp(&self) -> i64 {
+        self.flushed_ts.get()
+    }
+    pub fn failure(&self) -> Option<String> {
+        self.failed.borrow().clone()
+    }
+
+    /// Where a blob of `len` bytes would go now: at `written`, or at the next segment
+    /// after a blank when fewer than `len + 8` bytes remain in this one.
+    pub fn placement(&self, len: u64) -> Placement {
+        let w = self.written.get();
+        let seg_end = self.segment_start(w) + self.seg_bytes;
+        if w + len + record::END_FILE_MIN_BLANK_LENGTH as u64 > seg_end {
+            Placement { start: seg_end, blank_at: Some(w) }
+        } else {
+            Placement { start: w, blank_at: None }
+        }
+    }
+
+    /// Makes room in the window pool for `len` more bytes, waiting for the writer to
+    /// commit older windows when the pool is exhausted. Call right before appending.
+    pub async fn reserve(&self, len: u64) -> Result<()> {
+        loop {
+            if let Some(f) = self.failure() {
+                return Err(Error::Failed(f));
+            }
+            if self.stopping.get() {
+                return Err(Error::ShutDown);
+            }
+            let end = self.placement(len).start + len;
+            if self.try_make_room(end) {
+                return Ok(());
+            }
+            let w = self.windows.borrow();
+            let oldest_end = (w.first + 1) * self.win_bytes;
+            drop(w);
+            self.writer_wake.notify();
+            self.committed.wait_for(oldest_end).await;
+        }
+    }
+
+    /// Recycles fully committed windows until the pool can hold bytes up to `end`.
+    fn try_make_room(&self, end: u64) -> bool {
+        let mut w = self.windows.borrow_mut();
+        let last_idx = w.first + w.resident.len() as u64 - 1;
+        let need_idx = (end.max(1) - 1) / self.win_bytes;
+        let needed = need_idx.saturating_sub(last_idx) as usize;
+        let committed = self.committed.get();
+        while w.free.len() < needed
+            && w.resident.len() > 1
+            && (w.first + 1) * self.win_bytes <= committed
+        {
+            let mut buf = w.resident.pop_front().unwrap();
+            buf.fill(0);
+            w.free.push(buf);
+            w.first += 1;
+        }
+        w.free.len() >= needed
+    }
+
+    /// Copies `bytes` into the windows at `written` (which must equal `at`). The caller
+    /// reserved room and encoded `bytes` for this exact offset.
+    pub fn append(&self, at: u64, bytes: &[u8], store_ts: i64) {
+        assert_eq!(at, self.written.get(), "append must continue at the written position");
+        let mut w = self.windows.borrow_mut();
+        let mut pos = at;
+        let mut src = bytes;
+        while !src.is_empty() {
+            let idx = pos / self.win_bytes;
+            while w.first + w.resident.len() as u64 <= idx {
+                let buf = w.free.pop().expect("reserve() made room");
+                w.resident.push_back(buf);
+            }
+            let slot = (idx - w.first) as usize;
+            let off = (pos % self.win_bytes) as usize;
+            let n = src.len().min(self.win_bytes as usize - off);
+            w.resident[slot][off..off + n].copy_from_slice(&src[..n]);
+            src = &src[n..];
+            pos += n as u64;
+        }
+        drop(w);
+        self.written.set(pos);
+        self.last_put_ts.set(store_ts);
+    }
+
+    /// Writes the blank record that ends the current segment and moves `written` to
+    /// the next segment's start. Windows for the skipped bytes are zero-filled.
+    pub fn append_blank(&self, at: u64) {
+        let seg_end = self.segment_start(at) + self.seg_bytes;
+        let remaining = seg_end - at;
+        assert!(remaining >= record::END_FILE_MIN_BLANK_LENGTH as u64);
+        self.append(at, &record::encode_blank(remaining as u32), self.last_put_ts.get());
+        let mut w = self.windows.borrow_mut();
+        let last_idx = (seg_end - 1) / self.win_bytes;
+        while w.first + (w.resident.len() as u64) <= last_idx {
+            let buf = w.free.pop().expect("reserve() made room");
+            w.resident.push_back(buf);
+        }
+        drop(w);
+        self.written.set(seg_end);
+    }
+
+    /// Wakes the writer (a put arrived, or a flush is wanted).
+    pub fn wake_writer(&self) {
+        self.writer_wake.notify();
+    }
+
+    /// Asks the writer to commit and flush everything now.
+    pub fn request_flush(&self) {
+        self.flush_now.set(true);
+        self.writer_wake.notify();
+    }
+
+    /// Reads `[off, off+len)`: resident windows from memory, the rest from files.
+    pub async fn read(&self, off: u64, len: usize) -> Result<Bytes> {
+        let end = off + len as u64;
+        if end > self.written.get() || off < self.min_offset.get() {
+            return Err(Error::Corrupt {
+                path: self.dir.clone(),
+                offset: off,
+                kind: Corruption::Truncated,
+                detail: Some(format!(
+                    "read [{off}, {end}) outside the log [{}, {})",
+                    self.min_offset.get(),
+                    self.written.get()
+                )),
+            });
+        }
+        let mut out = BytesMut::with_capacity(len);
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / self.win_bytes;
+            let piece_end = end.min((idx + 1) * self.win_bytes);
+            let n = (piece_end - pos) as usize;
+            let resident = {
+                let w = self.windows.borrow();
+                if idx >= w.first && idx < w.first + w.resident.len() as u64 {
+                    let b = &w.resident[(idx - w.first) as usize];
+                    let o = (pos % self.win_bytes) as usize;
+                    out.extend_from_slice(&b[o..o + n]);
+                    true
+                } else {
+                    false
+                }
+            };
+            if !resident {
+                debug_assert!(piece_end <= self.committed.get());
+                let seg = self.segment_start(pos);
+                let file = self.segment_file(seg).ok_or_else(|| Error::Corrupt {
+                    path: self.segment_path(seg),
+                    offset: pos - seg,
+                    kind: Corruption::Truncated,
+                    detail: Some("segment file missing".into()),
+                })?;
+                let r = file.read(pos - seg, n).await?;
+                if r.len() < n {
+                    return Err(Error::Corrupt {
+                        path: file.path.clone(),
+                        offset: pos - seg,
+                        kind: Corruption::Truncated,
+                        detail: Some("short read inside the log".into()),
+                    });
+                }
+                out.extend_from_slice(&r[..n]);
+            }
+            pos = piece_end;
+        }
+        Ok(out.freeze())
+    }
+
+    /// One commit round: writes `[align_down(committed), written)` to the files.
+    async fn commit_once(&self) -> Result<()> {
+        let start = self.committed.get();
+        let mut target = self.written.get();
+        if target == start {
+            return Ok(());
+        }
+        let first_seg = self.segment_start(start);
+        let last_seg = self.segment_start(target - 1);
+        let mut s = first_seg;
+        while s <= last_seg {
+            self.ensure_segment(s).await?;
+            s += self.seg_bytes;
+        }
+        target = self.written.get().min(last_seg + self.seg_bytes);
+        let ts = self.last_put_ts.get();
+        let chunk = self.cfg.commit_chunk_bytes as u64;
+        let mut writes = Vec::new();
+        {
+            let w = self.windows.borrow();
+            let mut pos = align_down(start);
+            while pos < target {
+                let idx = pos / self.win_bytes;
+                let win_end = (idx + 1) * self.win_bytes;
+                let end = target.min(win_end).min(pos + chunk);
+                let len = align_up(end - pos) as usize;
+                let seg = self.segment_start(pos);
+                let file = self.segment_file(seg).expect("ensured above");
+                let slot = (idx - w.first) as usize;
+                let off = (pos % self.win_bytes) as usize;
+                let mut buf = file.dma.alloc_dma_buffer(len);
+                buf.as_bytes_mut().copy_from_slice(&w.resident[slot][off..off + len]);
+                writes.push((file, pos - seg, buf));
+                pos = end;
+            }
+        }
+        let inflight = self.cfg.commit_max_inflight;
+        let mut writes = writes.into_iter();
+        loop {
+            let batch: Vec<Pin<Box<dyn Future<Output = Result<()>>>>> = writes
+                .by_ref()
+                .take(inflight)
+                .map(|(file, at, buf)| {
+                    Box::pin(async move { file.write_buf(at, buf).await })
+                        as Pin<Box<dyn Future<Output = Result<()>>>>
+                })
+                .collect();
+            if batch.is_empty() {
+                break;
+            }
+            for r in join_all(batch).await {
+                r?;
+            }
+        }
+        self.committed_ts.set(ts);
+        self.committed.set(target);
+        // Keep one segment ahead so the commit path rarely creates files.
+        self.ensure_segment(last_seg + self.seg_bytes).await?;
+        Ok(())
+    }
+
+    /// One flush round: fdatasync every segment holding committed, unflushed bytes.
+    async fn flush_once(&self) -> Result<()> {
+        let start = self.flushed.get();
+        let target = self.committed.get();
+        if target == start {
+            return Ok(());
+        }
+        let ts = self.committed_ts.get();
+        let mut s = self.segment_start(start);
+        while s < target {
+            if let Some(f) = self.segment_file(s) {
+                f.sync().await?;
+            }
+            s += self.seg_bytes;
+        }
+        self.flushed_ts.set(ts);
+        self.flushed.set(target);
+        Ok(())
+    }
+
+    /// The writer task: commits and flushes by the flush mode's rules until stopped.
+    pub async fn run_writer(self: Rc<Self>) {
+        if let Err(e) = self.writer_loop().await {
+            tracing::error!(error = %e, "commit log writer failed; the shard stops taking writes");
+            *self.failed.borrow_mut() = Some(e.to_string());
+            self.committed.close();
+            self.flushed.close();
+        }
+    }
+
+    async fn writer_loop(&self) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let page = PAGE as u64;
+        let mut last_commit = Instant::now();
+        let mut last_flush = Instant::now();
+        let mut last_thorough = Instant::now();
+        loop {
+            let stopping = self.stopping.get();
+            let flush_now = self.flush_now.replace(false);
+            let sync = cfg.flush_mode == FlushMode::Sync;
+            let now = Instant::now();
+            let pending = self.written.get() - self.committed.get();
+            let commit_due = pending > 0
+                && (sync
+                    || stopping
+                    || flush_now
+                    || pending >= cfg.commit_least_pages * page
+                    || now - last_commit >= cfg.commit_interval);
+            if commit_due {
+                self.commit_once().await?;
+                last_commit = Instant::now();
+            }
+            let unflushed = self.committed.get() - self.flushed.get();
+            let thorough = now - last_thorough >= cfg.flush_thorough_interval;
+            let flush_due = unflushed > 0
+                && (sync
+                    || stopping
+                    || flush_now
+                    || (now - last_flush >= cfg.flush_interval
+                        && (unflushed >= cfg.flush_least_pages * page || thorough)));
+            if flush_due {
+                self.flush_once().await?;
+                last_flush = Instant::now();
+                if thorough {
+                    last_thorough = last_flush;
+                }
+            }
+            if stopping && self.flushed.get() == self.written.get() {
+                return Ok(());
+            }
+            if !commit_due && !flush_due {
+                let wait = if sync { Duration::from_millis(10) } else { cfg.commit_interval.min(cfg.flush_interval) };
+                futures_lite::future::or(self.writer_wake.wait(), glommio::timer::sleep(wait)).await;
+            }
+        }
+    }
+
+    /// Asks the writer to write and flush everything and then exit.
+    pub fn stop_writer(&self) {
+        self.stopping.set(true);
+        self.writer_wake.notify();
+    }
+}
+
+/// Polls every future to completion, concurrently, on the current task.
+pub async fn join_all<T>(mut futs: Vec<Pin<Box<dyn Future<Output = T> + '_>>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+    })
+    .await;
+    out.into_iter().map(|v| v.unwrap()).collect()
+}

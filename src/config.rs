@@ -1,0 +1,170 @@
+//! Every size, limit and interval of a store, validated once at open.
+//!
+//! Defaults follow RocketMQ's `MessageStoreConfig` where the concept is the same
+//! (segment sizes, flush intervals, timeouts, message limits); the write-buffer pool
+//! differs on purpose: RocketMQ lends a whole 1 GiB buffer per segment (5 GiB of
+//! locked memory), coremq uses a pool of small aligned windows (64 MiB by default).
+
+use crate::error::{Error, Result};
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When a put counts as durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushMode {
+    /// A put returns once its record is in the write buffer; a background task writes
+    /// it out and fdatasyncs every `flush_interval` (and sooner after
+    /// `flush_least_pages` pages). A crash can lose the last interval's puts.
+    Async,
+    /// A put returns `PutOk` only after an fdatasync covered it (group commit: one
+    /// fdatasync acknowledges every put it covers), or `FlushDiskTimeout` after
+    /// `sync_flush_timeout`. Consumers only see records that are durable.
+    Sync,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// The store root (one shard's directory, laid out as a RocketMQ store root).
+    pub root: PathBuf,
+    /// CommitLog segment size; a multiple of `write_buffer_bytes`.
+    pub commit_log_segment_bytes: u64,
+    /// ConsumeQueue entries per file (RocketMQ: 300,000).
+    pub consume_queue_entries_per_file: u64,
+    /// Largest accepted body (RocketMQ `maxMessageSize`, 4 MiB).
+    pub max_message_bytes: usize,
+    /// Longest accepted topic (RocketMQ: 127; retry topics up to 255).
+    pub max_topic_len: usize,
+    /// Queue ids accepted are `0..max_queue_id_exclusive`.
+    pub max_queue_id_exclusive: i32,
+    pub flush_mode: FlushMode,
+    /// Async flush interval (RocketMQ `flushIntervalCommitLog`, 500 ms).
+    pub flush_interval: Duration,
+    /// Async flush happens early once this many 4 KiB pages are unflushed (RocketMQ: 4).
+    pub flush_least_pages: u64,
+    /// Async flush of everything at least this often (RocketMQ: 10 s).
+    pub flush_thorough_interval: Duration,
+    /// Sync flush: a put not durable within this gets `FlushDiskTimeout` (RocketMQ: 5 s).
+    pub sync_flush_timeout: Duration,
+    /// Commit (write buffer -> file) when at least this many pages are pending (RocketMQ: 4).
+    pub commit_least_pages: u64,
+    /// Commit at least this often (RocketMQ `commitIntervalCommitLog`, 200 ms).
+    pub commit_interval: Duration,
+    /// Largest single write the commit task submits.
+    pub commit_chunk_bytes: usize,
+    /// How many commit writes may be in flight at once.
+    pub commit_max_inflight: usize,
+    /// Size of one write-buffer window; a multiple of 4096 dividing the segment size.
+    pub write_buffer_bytes: usize,
+    /// Number of windows in the pool: bounds the memory of the write path and the
+    /// in-memory tail that serves recent reads.
+    pub write_buffer_count: usize,
+    /// ConsumeQueue flush interval (RocketMQ `flushIntervalConsumeQueue`, 1 s); the
+    /// checkpoint is written after each.
+    pub consume_queue_flush_interval: Duration,
+    /// Add RocketMQ's record-CRC property so every byte of a record is checksummed.
+    pub record_crc: bool,
+    /// Store host written into records and message ids.
+    pub store_host: SocketAddrV4,
+    /// Largest batch (messages) accepted by `put_batch`.
+    pub max_batch_messages: usize,
+    /// Largest `max_count` honoured by `get` (RocketMQ caps pulls at 32 by default).
+    pub max_get_count: usize,
+}
+
+pub const PAGE: u64 = 4096;
+
+impl StoreConfig {
+    pub fn new(root: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig {
+            root: root.into(),
+            commit_log_segment_bytes: 1 << 30,
+            consume_queue_entries_per_file: 300_000,
+            max_message_bytes: 4 * 1024 * 1024,
+            max_topic_len: 127,
+            max_queue_id_exclusive: 65_536,
+            flush_mode: FlushMode::Async,
+            flush_interval: Duration::from_millis(500),
+            flush_least_pages: 4,
+            flush_thorough_interval: Duration::from_secs(10),
+            sync_flush_timeout: Duration::from_secs(5),
+            commit_least_pages: 4,
+            commit_interval: Duration::from_millis(200),
+            commit_chunk_bytes: 1 << 20,
+            commit_max_inflight: 8,
+            write_buffer_bytes: 4 << 20,
+            write_buffer_count: 16,
+            consume_queue_flush_interval: Duration::from_secs(1),
+            record_crc: true,
+            store_host: SocketAddrV4::new([127, 0, 0, 1].into(), 10911),
+            max_batch_messages: 4096,
+            max_get_count: 1024,
+        }
+    }
+
+    /// Small sizes for tests: 1 MiB segments, 64 KiB windows, 1000-entry CQ files.
+    pub fn small_for_tests(root: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig {
+            commit_log_segment_bytes: 1 << 20,
+            write_buffer_bytes: 64 << 10,
+            write_buffer_count: 8,
+            consume_queue_entries_per_file: 1000,
+            max_message_bytes: 128 << 10,
+            commit_chunk_bytes: 64 << 10,
+            ..StoreConfig::new(root)
+        }
+    }
+
+    pub fn consume_queue_file_bytes(&self) -> u64 {
+        self.consume_queue_entries_per_file * crate::format::consume_queue::ENTRY_LEN as u64
+    }
+
+    /// Largest total record size: body limit plus 64 KiB for headers, topic and
+    /// properties (RocketMQ's rule).
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_message_bytes + 64 * 1024 + crate::format::record::MAX_PROPERTIES_LEN
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(Error::Config(why));
+        let seg = self.commit_log_segment_bytes;
+        let win = self.write_buffer_bytes as u64;
+        if win == 0 || win % PAGE != 0 {
+            return bad(format!("write_buffer_bytes {win} must be a positive multiple of 4096"));
+        }
+        if seg < win || seg % win != 0 {
+            return bad(format!(
+                "commit_log_segment_bytes {seg} must be a multiple of write_buffer_bytes {win}"
+            ));
+        }
+        if self.write_buffer_count < 3 {
+            return bad("write_buffer_count must be at least 3".into());
+        }
+        if (self.max_record_bytes() as u64) + 8 > seg {
+            return bad(format!(
+                "commit_log_segment_bytes {seg} cannot hold the largest record ({} bytes); \
+                 raise it or lower max_message_bytes",
+                self.max_record_bytes()
+            ));
+        }
+        if self.max_record_bytes() as u64 > win * (self.write_buffer_count as u64 - 2) {
+            return bad("write-buffer pool is too small for the largest record".into());
+        }
+        if self.consume_queue_entries_per_file == 0 {
+            return bad("consume_queue_entries_per_file must be positive".into());
+        }
+        if self.commit_chunk_bytes == 0 || self.commit_chunk_bytes as u64 % PAGE != 0 {
+            return bad("commit_chunk_bytes must be a positive multiple of 4096".into());
+        }
+        if self.commit_max_inflight == 0 || self.max_get_count == 0 || self.max_batch_messages == 0 {
+            return bad("commit_max_inflight, max_get_count, max_batch_messages must be positive".into());
+        }
+        if self.max_topic_len == 0 || self.max_topic_len > 255 {
+            return bad("max_topic_len must be within 1..=255".into());
+        }
+        if self.max_queue_id_exclusive <= 0 {
+            return bad("max_queue_id_exclusive must be positive".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,352 @@
+//! One ConsumeQueue: the per-(topic, queue) index of the CommitLog, RocketMQ's files
+//! under `consumequeue/<topic>/<queueId>/` (20-byte entries, named by byte position).
+//!
+//! Entries are appended to an in-memory tail that starts at a page boundary of the
+//! current file; a flush writes the tail's pages with direct I/O (the partial last
+//! page padded with zeros, rewritten with the same prefix by the next flush) and keeps
+//! only the partial last page in memory. Reads of entries still in the tail come from
+//! memory, older ones from the file. A file's last page may reach past the file's
+//! RocketMQ size (6,000,000 is not a page multiple); the file is cut back to its exact
+//! size once it is full, and at load.
+
+use crate::error::{Error, Result};
+use crate::format::consume_queue::{CqEntry, ENTRY_LEN, PRE_BLANK_SIZE};
+use crate::io::{self, File, PAGE, align_down, align_up};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+const E: u64 = ENTRY_LEN as u64;
+
+struct Tail {
+    /// Byte position in the file of `bytes[0]` (page aligned).
+    page_pos: u64,
+    bytes: Vec<u8>,
+}
+
+/// What dispatch did with an entry.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Placed {
+    Appended,
+    /// Already present (dispatch is idempotent).
+    Duplicate,
+    /// The queue is missing entries before this one.
+    Gap { expected: u64 },
+}
+
+pub struct ConsumeQueue {
+    pub topic: String,
+    pub queue_id: i32,
+    dir: PathBuf,
+    entries_per_file: u64,
+    file_bytes: u64,
+    files: RefCell<BTreeMap<u64, Rc<File>>>,
+    min: Cell<u64>,
+    max: Cell<u64>,
+    max_phys_end: Cell<u64>,
+    tails: RefCell<BTreeMap<u64, Tail>>,
+}
+
+impl ConsumeQueue {
+    pub fn new(root: &std::path::Path, topic: &str, queue_id: i32, entries_per_file: u64) -> ConsumeQueue {
+        ConsumeQueue {
+            topic: topic.to_string(),
+            queue_id,
+            dir: root.join("consumequeue").join(topic).join(queue_id.to_string()),
+            entries_per_file,
+            file_bytes: entries_per_file * E,
+            files: RefCell::new(BTreeMap::new()),
+            min: Cell::new(0),
+            max: Cell::new(0),
+            max_phys_end: Cell::new(0),
+            tails: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn min_offset(&self) -> u64 {
+        self.min.get()
+    }
+    /// The next queue offset to be written.
+    pub fn max_offset(&self) -> u64 {
+        self.max.get()
+    }
+    /// End (offset + size) of the last record this queue points at.
+    pub fn max_phys_end(&self) -> u64 {
+        self.max_phys_end.get()
+    }
+    pub fn is_dirty(&self) -> bool {
+        self.tails.borrow().values().any(|t| !t.bytes.is_empty())
+    }
+
+    fn file_of(&self, q: u64) -> u64 {
+        q / self.entries_per_file * self.entries_per_file
+    }
+
+    fn file_path(&self, first_entry: u64) -> PathBuf {
+        self.dir.join(io::offset_name(first_entry * E))
+    }
+
+    /// Loads the queue's files, finds the last valid entry, and drops entries that
+    /// point at or past `log_end` (the recovered end of the CommitLog) or below
+    /// `log_min`. Dropped entries are erased on disk before this returns.
+    pub async fn load(&self, log_min: u64, log_end: u64) -> Result<()> {
+        let (named, _) = io::list_offset_files(&self.dir)?;
+        for (byte_pos, path) in named {
+            if byte_pos % self.file_bytes != 0 {
+                return Err(Error::BadLayout {
+                    path,
+                    why: format!("consume-queue file name is not a multiple of {}", self.file_bytes),
+                });
+            }
+            let f = File::open(&path, false).await?;
+            let size = f.size().await?;
+            if size != self.file_bytes {
+                f.truncate(self.file_bytes).await?;
+            }
+            self.files.borrow_mut().insert(byte_pos / E, f);
+        }
+        let Some((&last_first, _)) = self.files.borrow().iter().next_back() else {
+            return Ok(());
+        };
+        // Scan the last file (and the one before it if the last holds nothing).
+        let mut end = None;
+        let firsts: Vec<u64> = self.files.borrow().keys().rev().take(2).copied().collect();
+        for first in firsts {
+            let file = self.files.borrow()[&first].clone();
+            let data = file.read(0, self.file_bytes as usize).await?;
+            let mut n = 0u64;
+            let mut last_end = 0;
+            for chunk in data.chunks_exact(ENTRY_LEN) {
+                let Some(e) = CqEntry::decode(chunk) else { break };
+                if !e.is_valid() {
+                    break;
+                }
+                if !e.is_pre_blank() {
+                    let e_end = e.phys_offset as u64 + e.size as u64;
+                    if e_end > log_end {
+                        break;
+                    }
+                    last_end = e_end;
+                }
+                n += 1;
+            }
+            if n > 0 || first == *self.files.borrow().keys().next().unwrap() {
+                end = Some((first, n, last_end));
+                break;
+            }
+        }
+        let (first, n, last_end) = end.unwrap_or((last_first, 0, 0));
+        let end_entry = first + n;
+        self.max.set(end_entry);
+        self.max_phys_end.set(last_end);
+        // Erase whatever follows the end (stale or torn entries) and later files.
+        let doomed: Vec<u64> = self.files.borrow().range(first + 1..).map(|(k, _)| *k).collect();
+        for k in doomed {
+            let f = self.files.borrow_mut().remove(&k).unwrap();
+            std::fs::remove_file(&f.path).map_err(|e| Error::io("remove", &f.path, 0, e))?;
+        }
+        let file = self.files.borrow()[&first].clone();
+        let byte_end = n * E;
+        let page_pos = align_down(byte_end);
+        let prefix = file.read(page_pos, (byte_end - page_pos) as usize).await?;
+        let prefix = prefix[..].to_vec();
+        if n < self.entries_per_file {
+            file.truncate(page_pos).await?;
+            file.truncate(self.file_bytes).await?;
+            if !prefix.is_empty() {
+                let mut page = vec![0u8; PAGE];
+                page[..prefix.len()].copy_from_slice(&prefix);
+                file.write_aligned(page_pos, &page).await?;
+            }
+            file.sync().await?;
+            self.tails.borrow_mut().insert(first, Tail { page_pos, bytes: prefix });
+        }
+        // The minimum: first real entry that still points into the log.
+        let first_file = *self.files.borrow().keys().next().unwrap();
+        self.min.set(first_file);
+        let mut q = first_file;
+        while q < self.max.get() {
+            let Some(e) = self.entry(q).await? else { break };
+            if !e.is_pre_blank() && e.phys_offset as u64 >= log_min {
+                break;
+            }
+            q += 1;
+        }
+        self.min.set(q);
+        Ok(())
+    }
+
+    /// Places the entry for queue offset `q` (dispatch), idempotently.
+    pub fn put(&self, q: u64, entry: CqEntry) -> Placed {
+        let max = self.max.get();
+        if q < max {
+            return Placed::Duplicate;
+        }
+        if q > max {
+            if max == self.min.get() && max == 0 && self.files.borrow().is_empty() {
+                // An empty queue may start anywhere (its earlier files were removed).
+                self.min.set(q);
+                self.max.set(q);
+            } else {
+                return Placed::Gap { expected: max };
+            }
+        }
+        let first = self.file_of(q);
+        let byte = (q - first) * E;
+        let mut tails = self.tails.borrow_mut();
+        // A file gets its tail when it is created (or at load, for the last file), so a
+        // missing tail means a new file: entries before `byte` (a queue that starts
+        // mid-file) are RocketMQ's pre-blank entries.
+        let tail = tails.entry(first).or_insert_with(|| {
+            let blank = CqEntry { phys_offset: 0, size: PRE_BLANK_SIZE, tags_code: 0 }.encode();
+            let mut bytes = Vec::with_capacity(byte as usize + ENTRY_LEN);
+            while (bytes.len() as u64) < byte {
+                bytes.extend_from_slice(&blank);
+            }
+            Tail { page_pos: 0, bytes }
+        });
+        debug_assert_eq!(tail.page_pos + tail.bytes.len() as u64, byte);
+        tail.bytes.extend_from_slice(&entry.encode());
+        self.max.set(q + 1);
+        self.max_phys_end.set(entry.phys_offset as u64 + entry.size as u64);
+        Placed::Appended
+    }
+
+    /// The entry at queue offset `q`, if it exists.
+    pub async fn entry(&self, q: u64) -> Result<Option<CqEntry>> {
+        Ok(self.entries(q, 1).await?.into_iter().next())
+    }
+
+    /// Up to `count` entries from `q`, never crossing a file boundary.
+    pub async fn entries(&self, q: u64, count: usize) -> Result<Vec<CqEntry>> {
+        let max = self.max.get();
+        if q >= max || count == 0 {
+            return Ok(Vec::new());
+        }
+        let first = self.file_of(q);
+        let end = max.min(q + count as u64).min(first + self.entries_per_file);
+        let (from_byte, to_byte) = ((q - first) * E, (end - first) * E);
+        // The byte stream [from_byte, to_byte): the part before the tail's first page
+        // from the file, the rest from memory. An entry may straddle the two.
+        let tail_pos = self.tails.borrow().get(&first).map(|t| t.page_pos).unwrap_or(u64::MAX);
+        let mut bytes = Vec::with_capacity((to_byte - from_byte) as usize);
+        if from_byte < tail_pos {
+            let disk_to = to_byte.min(tail_pos);
+            let file = self.files.borrow().get(&first).cloned();
+            if let Some(file) = file {
+                let data = file.read(from_byte, (disk_to - from_byte) as usize).await?;
+                bytes.extend_from_slice(&data[..]);
+            }
+            if (bytes.len() as u64) < disk_to - from_byte {
+                // Short file: return the whole entries we have.
+                bytes.truncate(bytes.len() / ENTRY_LEN * ENTRY_LEN);
+                return Ok(bytes.chunks_exact(ENTRY_LEN).filter_map(CqEntry::decode).collect());
+            }
+        }
+        let tails = self.tails.borrow();
+        if let Some(t) = tails.get(&first) {
+            let start = from_byte.max(t.page_pos);
+            if start < to_byte {
+                let a = (start - t.page_pos) as usize;
+                let b = (to_byte - t.page_pos) as usize;
+                bytes.extend_from_slice(&t.bytes[a..b]);
+            }
+        }
+        Ok(bytes.chunks_exact(ENTRY_LEN).filter_map(CqEntry::decode).collect())
+    }
+
+    /// Writes the in-memory tail to disk and fdatasyncs it.
+    pub async fn flush(&self) -> Result<()> {
+        let jobs: Vec<(u64, u64, usize, Vec<u8>)> = self
+            .tails
+            .borrow()
+            .iter()
+            .filter(|(_, t)| !t.bytes.is_empty())
+            .map(|(first, t)| {
+                let mut data = t.bytes.clone();
+                let copied = data.len();
+                data.resize(align_up(copied as u64) as usize, 0);
+                (*first, t.page_pos, copied, data)
+            })
+            .collect();
+        for (first, page_pos, copied, data) in jobs {
+            // Entries appended while this flush awaits stay in the tail for the next one.
+            let file = self.file_or_create(first).await?;
+            file.write_aligned(page_pos, &data).await?;
+            let complete = page_pos + copied as u64 == self.file_bytes;
+            if complete {
+                file.truncate(self.file_bytes).await?;
+            }
+            file.sync().await?;
+            let mut tails = self.tails.borrow_mut();
+            if complete {
+                tails.remove(&first);
+            } else if let Some(t) = tails.get_mut(&first) {
+                let full_pages = copied / PAGE * PAGE;
+                t.bytes.drain(..full_pages);
+                t.page_pos += full_pages as u64;
+            }
+        }
+        Ok(())
+    }
+
+    async fn file_or_create(&self, first: u64) -> Result<Rc<File>> {
+        if let Some(f) = self.files.borrow().get(&first) {
+            return Ok(f.clone());
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io("create dir", &self.dir, 0, e))?;
+        let f = File::create_sized(&self.file_path(first), self.file_bytes).await?;
+        self.files.borrow_mut().insert(first, f.clone());
+        Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(i: u64) -> CqEntry {
+        CqEntry { phys_offset: i as i64 * 100, size: 100, tags_code: i as i64 }
+    }
+
+    #[test]
+    fn append_flush_read_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                crate::io::prime_executor(&root).await.unwrap();
+                let cq = ConsumeQueue::new(&root, "T", 0, 1000);
+                for i in 0..2500u64 {
+                    assert_eq!(cq.put(i, entry(i)), Placed::Appended);
+                    if i % 97 == 0 {
+                        cq.flush().await.unwrap();
+                    }
+                    if i % 13 == 0 {
+                        let back = cq.entries(i.saturating_sub(300), 500).await.unwrap();
+                        for (k, e) in back.iter().enumerate() {
+                            assert_eq!(*e, entry(i.saturating_sub(300) + k as u64), "at {i}");
+                        }
+                    }
+                }
+                assert_eq!(cq.put(5, entry(5)), Placed::Duplicate);
+                assert_eq!(cq.put(2501, entry(5)), Placed::Gap { expected: 2500 });
+                cq.flush().await.unwrap();
+                let cq2 = ConsumeQueue::new(&root, "T", 0, 1000);
+                cq2.load(0, 2500 * 100).await.unwrap();
+                assert_eq!(cq2.max_offset(), 2500);
+                // Entries pointing past the log end are dropped at load.
+                let cq3 = ConsumeQueue::new(&root, "T", 0, 1000);
+                cq3.load(0, 2000 * 100 + 50).await.unwrap();
+                assert_eq!(cq3.max_offset(), 2000);
+                for q in (0..2000).step_by(111) {
+                    assert_eq!(cq3.entry(q).await.unwrap(), Some(entry(q)));
+                }
+                assert_eq!(cq3.put(2000, entry(2000)), Placed::Appended);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+}

@@ -1,0 +1,1 @@
+//! Offline inspection (filled in below).

@@ -1,0 +1,159 @@
+//! The storage door: every file the store touches goes through these helpers, which
+//! open files O_DIRECT through glommio and turn failures into errors that name the
+//! operation, the path and the offset.
+//!
+//! glommio decides once per executor thread whether a device supports polled I/O by
+//! reading the first block of the first `DmaFile` it opens. If that block was never
+//! written (empty, sparse or preallocated file) the probe wrongly succeeds and later
+//! reads fail with EOPNOTSUPP. [`prime_executor`] opens a small file holding real data
+//! and reads it back before the store opens anything else.
+
+use crate::error::{Error, Result};
+use glommio::io::{DmaFile, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+pub const PAGE: usize = 4096;
+
+pub fn align_down(v: u64) -> u64 {
+    v & !(PAGE as u64 - 1)
+}
+pub fn align_up(v: u64) -> u64 {
+    align_down(v + PAGE as u64 - 1)
+}
+
+/// Makes glommio's per-thread iopoll probe see real data (see module docs).
+pub async fn prime_executor(dir: &Path) -> Result<()> {
+    let path = dir.join(".probe");
+    std::fs::write(&path, vec![0x5Au8; PAGE]).map_err(|e| Error::io("write probe", &path, 0, e))?;
+    std::fs::File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io("fsync probe", &path, 0, e))?;
+    let f = DmaFile::open(&path).await.map_err(|e| Error::glommio("open probe", &path, 0, e))?;
+    let r = f
+        .read_at_aligned(0, PAGE)
+        .await
+        .map_err(|e| Error::glommio("read probe", &path, 0, e))?;
+    let _ = f.close().await;
+    if r.len() != PAGE || r[0] != 0x5A {
+        return Err(Error::BadLayout { path, why: "probe file read back wrong bytes".into() });
+    }
+    Ok(())
+}
+
+/// An O_DIRECT file with its path kept for error messages.
+pub struct File {
+    pub path: PathBuf,
+    pub dma: DmaFile,
+}
+
+impl File {
+    /// Opens (creating if asked) read-write with O_DIRECT.
+    pub async fn open(path: &Path, create: bool) -> Result<Rc<File>> {
+        let dma = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .dma_open(path)
+            .await
+            .map_err(|e| Error::glommio("open", path, 0, e))?;
+        Ok(Rc::new(File { path: path.to_path_buf(), dma }))
+    }
+
+    /// Creates a file of exactly `len` bytes (sparse) and fsyncs its directory entry.
+    pub async fn create_sized(path: &Path, len: u64) -> Result<Rc<File>> {
+        let f = File::open(path, true).await?;
+        f.dma.truncate(len).await.map_err(|e| Error::glommio("truncate", path, len, e))?;
+        f.sync().await?;
+        sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        Ok(f)
+    }
+
+    /// Writes `data` at `pos`; both must be aligned and `data.len()` a page multiple.
+    pub async fn write_aligned(&self, pos: u64, data: &[u8]) -> Result<()> {
+        debug_assert!(pos % PAGE as u64 == 0 && data.len() % PAGE == 0);
+        let mut buf = self.dma.alloc_dma_buffer(data.len());
+        buf.as_bytes_mut().copy_from_slice(data);
+        self.write_buf(pos, buf).await
+    }
+
+    pub async fn write_buf(&self, pos: u64, buf: glommio::io::DmaBuffer) -> Result<()> {
+        let len = buf.len();
+        let n = self
+            .dma
+            .write_at(buf, pos)
+            .await
+            .map_err(|e| Error::glommio("write", &self.path, pos, e))?;
+        if n != len {
+            return Err(Error::io(
+                "write",
+                &self.path,
+                pos,
+                std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write {n} of {len}")),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads up to `len` bytes at any offset (short at end of file).
+    pub async fn read(&self, pos: u64, len: usize) -> Result<glommio::io::ReadResult> {
+        self.dma
+            .read_at(pos, len)
+            .await
+            .map_err(|e| Error::glommio("read", &self.path, pos, e))
+    }
+
+    pub async fn sync(&self) -> Result<()> {
+        self.dma.fdatasync().await.map_err(|e| Error::glommio("fdatasync", &self.path, 0, e))
+    }
+
+    pub async fn truncate(&self, len: u64) -> Result<()> {
+        self.dma.truncate(len).await.map_err(|e| Error::glommio("truncate", &self.path, len, e))
+    }
+
+    pub async fn size(&self) -> Result<u64> {
+        self.dma.file_size().await.map_err(|e| Error::glommio("stat", &self.path, 0, e))
+    }
+}
+
+/// fsyncs a directory so that created, renamed and removed entries are durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("fsync dir", dir, 0, e))
+}
+
+/// A 20-digit zero-padded file name, as RocketMQ names its segments.
+pub fn offset_name(offset: u64) -> String {
+    format!("{offset:020}")
+}
+
+/// Parses a 20-digit file name.
+pub fn parse_offset_name(name: &str) -> Option<u64> {
+    if name.len() != 20 || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok()
+}
+
+/// Lists `dir`'s files named by 20-digit offsets, sorted; other names are returned
+/// separately so callers can refuse or ignore them.
+pub fn list_offset_files(dir: &Path) -> Result<(Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
+    let mut named = Vec::new();
+    let mut other = Vec::new();
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((named, other)),
+        Err(e) => return Err(Error::io("list", dir, 0, e)),
+    };
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io("list", dir, 0, e))?;
+        let name = entry.file_name();
+        match name.to_str().and_then(parse_offset_name) {
+            Some(off) => named.push((off, entry.path())),
+            None => other.push(entry.path()),
+        }
+    }
+    named.sort();
+    Ok((named, other))
+}

@@ -1,0 +1,36 @@
+//! coremq: Apache RocketMQ's broker message store (`DefaultMessageStore`) rebuilt as an
+//! io_uring, thread-per-core engine on glommio.
+//!
+//! This crate holds one shard's store ([`Store`]): a CommitLog of fixed-size segments
+//! written with direct I/O through a pool of aligned write windows, ConsumeQueues
+//! built by a dispatch task, a checkpoint, and recovery. Files are laid out exactly
+//! as a RocketMQ store root, with RocketMQ's byte layouts (see [`format`]).
+//!
+//! See `store` for the durability contract of each flush mode.
+
+pub mod commit_log;
+pub mod config;
+pub mod consume_queue;
+pub mod error;
+pub mod format;
+pub mod inspect;
+pub mod io;
+pub mod message;
+pub mod store;
+mod sync;
+
+pub use config::{FlushMode, StoreConfig};
+pub use error::{Error, Result};
+pub use message::{
+    GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,
+    StoredMessage,
+};
+pub use store::{OpenReport, Store};
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

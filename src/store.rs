@@ -1,0 +1,861 @@
+//! One shard's message store: RocketMQ's `DefaultMessageStore` for the queues this
+//! shard owns, running on the current glommio executor.
+//!
+//! Tasks (each in its own glommio task queue, so background work cannot starve puts):
+//! * **writer** (CommitLog): commit windows to files, fdatasync by the flush mode;
+//! * **dispatcher** (RocketMQ's ReputMessageService): tails the CommitLog and appends
+//!   ConsumeQueue entries; in sync-flush mode it stops at the flushed offset, so a
+//!   consumer never sees a record that recovery could lose;
+//! * **queue flusher**: writes ConsumeQueue tails every second, then the checkpoint.
+//!
+//! Durability contract:
+//! * `FlushMode::Sync`: `PutOk` means an fdatasync that covered the record returned.
+//!   A put that is not durable within `sync_flush_timeout` gets `FlushDiskTimeout`.
+//! * `FlushMode::Async`: `PutOk` means the record is in the write buffer; it is
+//!   durable after the next flush (at most `flush_interval` later while the disk keeps
+//!   up); `flush()` forces it.
+//! * After a clean `shutdown()` everything acknowledged is durable and `abort` is gone.
+
+use crate::commit_log::CommitLog;
+use crate::config::{FlushMode, StoreConfig};
+use crate::consume_queue::{ConsumeQueue, Placed};
+use crate::error::{Error, Result};
+use crate::format::checkpoint::{CHECKPOINT_LEN, Checkpoint};
+use crate::format::consume_queue::CqEntry;
+use crate::format::java::tags_code;
+use crate::format::msg_id::MessageId;
+use crate::format::properties;
+use crate::format::record::{self, Decoded, RecordFields, Verify};
+use crate::io::{self, File};
+use crate::message::*;
+use crate::sync::{Notify, OffsetWatch};
+use ahash::AHashMap;
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Stopping,
+    Stopped,
+}
+
+/// A queue this shard owns: its ConsumeQueue and the next queue offset for puts
+/// (RocketMQ's topicQueueTable entry).
+struct Queue {
+    cq: Rc<ConsumeQueue>,
+    next_put: Cell<u64>,
+}
+
+struct Inner {
+    cfg: Rc<StoreConfig>,
+    log: Rc<CommitLog>,
+    queues: RefCell<AHashMap<String, AHashMap<i32, Rc<Queue>>>>,
+    dispatched: OffsetWatch,
+    dispatch_wake: Notify,
+    flusher_wake: Notify,
+    scratch: RefCell<Vec<u8>>,
+    props_scratch: RefCell<Vec<u8>>,
+    last_store_ts: Cell<i64>,
+    state: Cell<State>,
+    failed: RefCell<Option<String>>,
+    checkpoint: Rc<File>,
+    tasks: RefCell<Vec<glommio::task::JoinHandle<()>>>,
+    _lock: std::fs::File,
+}
+
+/// What `open` found and did, for logs and tests.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    pub clean_shutdown: bool,
+    pub checkpoint_valid: bool,
+    pub records_scanned: u64,
+    pub log_end: u64,
+    /// A torn tail that was cut: (offset, bytes erased).
+    pub truncated: Option<(u64, u64)>,
+    pub dispatched_from: u64,
+    pub entries_rebuilt: u64,
+    pub queues: usize,
+}
+
+/// A shard-local store handle (cheap to clone; not `Send`: use it on its executor).
+#[derive(Clone)]
+pub struct Store {
+    inner: Rc<Inner>,
+    pub report: Rc<OpenReport>,
+}
+
+fn lock_root(root: &Path) -> Result<std::fs::File> {
+    let path = root.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::io("open", &path, 0, e))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked(root.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path, 0, e)),
+    }
+    use std::io::Write;
+    (&f).write_all(b"lock").and_then(|_| f.sync_all()).map_err(|e| Error::io("write", &path, 0, e))?;
+    Ok(f)
+}
+
+fn valid_topic_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'%' | b'|' | b'_' | b'-')
+}
+
+impl Store {
+    /// Opens (or creates) the store at `cfg.root`, recovering from whatever the last
+    /// run left, and starts its background tasks on the current executor.
+    pub async fn open(cfg: StoreConfig) -> Result<Store> {
+        cfg.validate()?;
+        let cfg = Rc::new(cfg);
+        let root = cfg.root.clone();
+        std::fs::create_dir_all(&root).map_err(|e| Error::io("create dir", &root, 0, e))?;
+        let lock = lock_root(&root)?;
+        io::prime_executor(&root).await?;
+        let abort_path = root.join("abort");
+        let clean = !abort_path.exists();
+        let cp_path = root.join("checkpoint");
+        let (cp, cp_valid) = match std::fs::read(&cp_path) {
+            Ok(bytes) => match Checkpoint::decode(&bytes) {
+                Ok(v) => v,
+                Err(kind) => {
+                    tracing::warn!(path = %cp_path.display(), %kind, "checkpoint damaged; recovering from the whole log");
+                    (Checkpoint::default(), false)
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Checkpoint::default(), false),
+            Err(e) => return Err(Error::io("read", &cp_path, 0, e)),
+        };
+        let (scan_from, durable_below) = if cp_valid {
+            (cp.dispatch_safe_offset.min(cp.log_flushed_offset), cp.log_flushed_offset)
+        } else {
+            (0, 0)
+        };
+        let (log, scan) = CommitLog::open(cfg.clone(), scan_from, durable_below, !clean).await?;
+        let log_end = log.written();
+        let checkpoint = File::open(&cp_path, true).await?;
+        let inner = Rc::new(Inner {
+            cfg: cfg.clone(),
+            log: log.clone(),
+            queues: RefCell::new(AHashMap::new()),
+            dispatched: OffsetWatch::new(0),
+            dispatch_wake: Notify::default(),
+            flusher_wake: Notify::default(),
+            scratch: RefCell::new(Vec::with_capacity(64 << 10)),
+            props_scratch: RefCell::new(Vec::with_capacity(4 << 10)),
+            last_store_ts: Cell::new(0),
+            state: Cell::new(State::Running),
+            failed: RefCell::new(None),
+            checkpoint,
+            tasks: RefCell::new(Vec::new()),
+            _lock: lock,
+        });
+        inner.load_queues(log.min_offset(), log_end).await?;
+        let mut from = if cp_valid { cp.dispatch_safe_offset.min(log_end) } else { log.min_offset() };
+        from = from.max(log.min_offset());
+        let rebuilt = match inner.dispatch_range(from, log_end).await {
+            Ok(n) => n,
+            Err(e) if from > log.min_offset() => {
+                tracing::warn!(error = %e, "dispatch from the checkpoint failed; rebuilding queues from the whole log");
+                from = log.min_offset();
+                inner.dispatch_range(from, log_end).await?
+            }
+            Err(e) => return Err(e),
+        };
+        inner.dispatched.set(log_end);
+        for qs in inner.queues.borrow().values() {
+            for q in qs.values() {
+                q.next_put.set(q.cq.max_offset());
+            }
+        }
+        inner.flush_queues().await?;
+        inner.write_checkpoint(log_end, log_end).await?;
+        std::fs::write(&abort_path, std::process::id().to_string())
+            .and_then(|_| std::fs::File::open(&abort_path)?.sync_all())
+            .map_err(|e| Error::io("create", &abort_path, 0, e))?;
+        io::sync_dir(&root)?;
+        let report = OpenReport {
+            clean_shutdown: clean,
+            checkpoint_valid: cp_valid,
+            records_scanned: scan.records,
+            log_end,
+            truncated: scan.truncated.map(|(at, _, n)| (at, n)),
+            dispatched_from: from,
+            entries_rebuilt: rebuilt,
+            queues: inner.queues.borrow().values().map(|m| m.len()).sum(),
+        };
+        tracing::info!(root = %root.display(), ?report, "store opened");
+        inner.spawn_tasks()?;
+        Ok(Store { inner, report: Rc::new(report) })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.cfg
+    }
+
+    /// Stores one message. Never fails with an error: refusals and failures are
+    /// statuses (see [`PutStatus`]).
+    pub async fn put(&self, msg: Message) -> PutResult {
+        self.put_many(std::slice::from_ref(&msg)).await
+    }
+
+    /// Stores a classic batch: every message has the same topic and queue, the records
+    /// are consecutive in one segment and get consecutive queue offsets.
+    pub async fn put_batch(&self, msgs: &[Message]) -> PutResult {
+        let Some(first) = msgs.first() else {
+            return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::BatchInvalid));
+        };
+        if msgs.len() > self.inner.cfg.max_batch_messages
+            || msgs.iter().any(|m| m.topic != first.topic || m.queue_id != first.queue_id)
+        {
+            return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::BatchInvalid));
+        }
+        if msgs.iter().any(|m| m.sys_flag & record::SYSFLAG_TRANSACTION_MASK != 0) {
+            return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::BatchTransaction));
+        }
+        self.put_many(msgs).await
+    }
+
+    async fn put_many(&self, msgs: &[Message]) -> PutResult {
+        let inner = &self.inner;
+        for m in msgs {
+            if let Some(status) = inner.check_message(m) {
+                return PutResult::refused(status);
+            }
+        }
+        // Encode properties once to learn each record's exact length.
+        let mut lens = Vec::with_capacity(msgs.len());
+        let mut props_all: Vec<Vec<u8>> = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            let mut p = std::mem::take(&mut *inner.props_scratch.borrow_mut());
+            p.clear();
+            if !properties::encode_into(&m.properties, &mut p) {
+                return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::PropertyInvalid));
+            }
+            let f = inner.fields(m, &p, 0, 0, 0);
+            if f.stored_properties_len() > record::MAX_PROPERTIES_LEN {
+                return PutResult::refused(PutStatus::PropertiesSizeExceeded);
+            }
+            lens.push(f.encoded_len() as u64);
+            props_all.push(p);
+        }
+        let total: u64 = lens.iter().sum();
+        if total as usize > inner.cfg.max_record_bytes() {
+            return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::BodyTooLarge));
+        }
+        if inner.state.get() != State::Running || inner.failed.borrow().is_some() {
+            return PutResult::refused(PutStatus::ServiceNotAvailable);
+        }
+        if let Err(e) = inner.log.reserve(total).await {
+            tracing::debug!(error = %e, "put refused");
+            return PutResult::refused(PutStatus::ServiceNotAvailable);
+        }
+        // From here to the append nothing awaits: offsets are assigned and bytes
+        // placed in one step, so records land in queue-offset order.
+        if inner.state.get() != State::Running {
+            return PutResult::refused(PutStatus::ServiceNotAvailable);
+        }
+        let log = &inner.log;
+        let placement = log.placement(total);
+        if let Some(at) = placement.blank_at {
+            log.append_blank(at);
+        }
+        let first = &msgs[0];
+        let queue = inner.queue(&first.topic, first.queue_id);
+        let base_q = queue.next_put.get();
+        let ts = inner.store_timestamp();
+        let mut phys = placement.start;
+        let mut ids = Vec::with_capacity(msgs.len());
+        let mut scratch = inner.scratch.borrow_mut();
+        scratch.clear();
+        for (i, m) in msgs.iter().enumerate() {
+            let f = inner.fields(m, &props_all[i], base_q + i as u64, phys, ts);
+            record::encode(&f, &mut scratch);
+            ids.push(MessageId { store_host: inner.cfg.store_host, offset: phys });
+            phys += lens[i];
+        }
+        debug_assert_eq!(scratch.len() as u64, total);
+        log.append(placement.start, &scratch, ts);
+        drop(scratch);
+        queue.next_put.set(base_q + msgs.len() as u64);
+        for p in props_all.into_iter().take(1) {
+            *inner.props_scratch.borrow_mut() = p;
+        }
+        let end = placement.start + total;
+        let mut result = PutResult {
+            status: PutStatus::PutOk,
+            log_offset: placement.start,
+            wrote_bytes: total as u32,
+            queue_offset: base_q,
+            msg_ids: ids,
+            store_timestamp_ms: ts,
+        };
+        let wait = first.property(properties::WAIT) != Some("false");
+        match inner.cfg.flush_mode {
+            FlushMode::Async => {
+                log.wake_writer();
+                inner.dispatch_wake.notify();
+            }
+            FlushMode::Sync => {
+                log.wake_writer();
+                if wait {
+                    let timeout = glommio::timer::sleep(inner.cfg.sync_flush_timeout);
+                    let flushed = async { Some(log.flushed.wait_for(end).await) };
+                    result.status = match futures_lite::future::or(flushed, async {
+                        timeout.await;
+                        None
+                    })
+                    .await
+                    {
+                        Some(true) => PutStatus::PutOk,
+                        Some(false) => PutStatus::ServiceNotAvailable,
+                        None => PutStatus::FlushDiskTimeout,
+                    };
+                }
+            }
+        }
+        result
+    }
+
+    /// Up to `max_count` raw records of a queue from queue offset `offset`, stopping
+    /// before `max_bytes` once at least one is taken, with RocketMQ's statuses and
+    /// next-begin-offset rules.
+    pub async fn get(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        offset: QueueOffset,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<GetResult> {
+        let inner = &self.inner;
+        let mut r = GetResult {
+            status: GetStatus::NoMatchedLogicQueue,
+            next_begin_offset: 0,
+            min_offset: 0,
+            max_offset: 0,
+            records: Vec::new(),
+        };
+        let Some(q) = inner.find_queue(topic, queue_id) else { return Ok(r) };
+        let (min, max) = (q.cq.min_offset(), q.cq.max_offset());
+        r.min_offset = min;
+        r.max_offset = max;
+        if max == 0 {
+            r.status = GetStatus::NoMessageInQueue;
+            return Ok(r);
+        }
+        if offset < min {
+            r.status = GetStatus::OffsetTooSmall;
+            r.next_begin_offset = min;
+            return Ok(r);
+        }
+        if offset == max {
+            r.status = GetStatus::OffsetOverflowOne;
+            r.next_begin_offset = offset;
+            return Ok(r);
+        }
+        if offset > max {
+            r.status = GetStatus::OffsetOverflowBadly;
+            r.next_begin_offset = max;
+            return Ok(r);
+        }
+        let count = max_count.clamp(1, inner.cfg.max_get_count);
+        let entries = q.cq.entries(offset, count).await?;
+        if entries.is_empty() {
+            let epf = inner.cfg.consume_queue_entries_per_file;
+            r.status = GetStatus::OffsetFoundNull;
+            r.next_begin_offset = offset + epf - offset % epf;
+            return Ok(r);
+        }
+        let mut bytes = 0usize;
+        let mut next = offset;
+        let log_min = inner.log.min_offset();
+        r.status = GetStatus::NoMatchedMessage;
+        for e in entries {
+            if !r.records.is_empty() && bytes + e.size as usize > max_bytes {
+                break;
+            }
+            next += 1;
+            if (e.phys_offset as u64) < log_min {
+                if r.records.is_empty() {
+                    r.status = GetStatus::MessageWasRemoving;
+                }
+                continue;
+            }
+            let rec = inner.log.read(e.phys_offset as u64, e.size as usize).await?;
+            bytes += rec.len();
+            r.records.push(rec);
+            r.status = GetStatus::Found;
+        }
+        r.next_begin_offset = next;
+        Ok(r)
+    }
+
+    /// Decodes the record at commit-log offset `offset`; `None` if no record starts there.
+    pub async fn look_by_offset(&self, offset: LogOffset) -> Result<Option<StoredMessage>> {
+        let raw = match self.read_record(offset).await? {
+            Some(raw) => raw,
+            None => return Ok(None),
+        };
+        Ok(StoredMessage::decode(&raw).ok())
+    }
+
+    /// The raw record at `offset`, verified; `None` if no valid record starts there.
+    pub async fn read_record(&self, offset: LogOffset) -> Result<Option<bytes::Bytes>> {
+        let log = &self.inner.log;
+        if offset < log.min_offset() || offset + record::MIN_RECORD_LEN as u64 > self.visible_end() {
+            return Ok(None);
+        }
+        let head = log.read(offset, 8).await?;
+        let Ok((size, _)) = record::peek_header(&head) else { return Ok(None) };
+        if size < record::MIN_RECORD_LEN as i32
+            || size as usize > self.inner.cfg.max_record_bytes()
+            || offset + size as u64 > self.visible_end()
+        {
+            return Ok(None);
+        }
+        let raw = log.read(offset, size as usize).await?;
+        let verify = Verify {
+            crc: true,
+            at_offset: Some(offset as i64),
+            max_total_size: self.inner.cfg.max_record_bytes(),
+        };
+        match record::decode(&raw, verify) {
+            Ok(Decoded::Record(_)) => Ok(Some(raw)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Looks a message up by its 32-character offset message id.
+    pub async fn look_by_msg_id(&self, id: &str) -> Result<Option<StoredMessage>> {
+        match MessageId::parse(id) {
+            Some(id) => self.look_by_offset(id.offset).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Records become visible to readers once dispatched.
+    fn visible_end(&self) -> u64 {
+        self.inner.dispatched.get()
+    }
+
+    pub fn min_queue_offset(&self, topic: &str, queue_id: i32) -> QueueOffset {
+        self.inner.find_queue(topic, queue_id).map(|q| q.cq.min_offset()).unwrap_or(0)
+    }
+
+    /// The next queue offset to be consumed-visible (RocketMQ's max offset).
+    pub fn max_queue_offset(&self, topic: &str, queue_id: i32) -> QueueOffset {
+        self.inner.find_queue(topic, queue_id).map(|q| q.cq.max_offset()).unwrap_or(0)
+    }
+
+    pub fn min_log_offset(&self) -> LogOffset {
+        self.inner.log.min_offset()
+    }
+
+    pub fn max_log_offset(&self) -> LogOffset {
+        self.inner.log.written()
+    }
+
+    pub fn flushed_log_offset(&self) -> LogOffset {
+        self.inner.log.flushed.get()
+    }
+
+    pub fn committed_log_offset(&self) -> LogOffset {
+        self.inner.log.committed.get()
+    }
+
+    pub fn dispatched_log_offset(&self) -> LogOffset {
+        self.inner.dispatched.get()
+    }
+
+    /// Store time of the message at queue offset `q`.
+    async fn store_time_at(&self, cq: &ConsumeQueue, q: u64) -> Result<Option<i64>> {
+        let Some(e) = cq.entry(q).await? else { return Ok(None) };
+        let raw = self.inner.log.read(e.phys_offset as u64, e.size as usize).await?;
+        let born_v6 = crate::format::be_i32(&raw, record::SYSFLAG_AT).unwrap_or(0)
+            & record::SYSFLAG_BORNHOST_V6
+            != 0;
+        let at = record::BORN_HOST_AT + if born_v6 { 20 } else { 8 };
+        Ok(crate::format::be_i64(&raw, at))
+    }
+
+    /// The first queue offset whose message was stored at or after `timestamp_ms`
+    /// (RocketMQ 5's LOWER boundary), clamped to [min, max].
+    pub async fn queue_offset_by_time(&self, topic: &str, queue_id: i32, timestamp_ms: i64) -> Result<QueueOffset> {
+        let Some(q) = self.inner.find_queue(topic, queue_id) else { return Ok(0) };
+        let (mut lo, mut hi) = (q.cq.min_offset(), q.cq.max_offset());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.store_time_at(&q.cq, mid).await? {
+                Some(t) if t < timestamp_ms => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// Store time of the queue's first message, or -1 when it has none.
+    pub async fn earliest_message_time(&self, topic: &str, queue_id: i32) -> Result<i64> {
+        let Some(q) = self.inner.find_queue(topic, queue_id) else { return Ok(-1) };
+        if q.cq.min_offset() >= q.cq.max_offset() {
+            return Ok(-1);
+        }
+        Ok(self.store_time_at(&q.cq, q.cq.min_offset()).await?.unwrap_or(-1))
+    }
+
+    /// Every (topic, queue id) this store holds.
+    pub fn queues(&self) -> Vec<(String, i32)> {
+        let mut v: Vec<(String, i32)> = self
+            .inner
+            .queues
+            .borrow()
+            .iter()
+            .flat_map(|(t, qs)| qs.keys().map(move |q| (t.clone(), *q)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Commits and fdatasyncs everything written so far; returns the flushed offset.
+    pub async fn flush(&self) -> Result<LogOffset> {
+        let log = &self.inner.log;
+        let target = log.written();
+        log.request_flush();
+        if !log.flushed.wait_for(target).await {
+            return Err(Error::Failed(log.failure().unwrap_or_default()));
+        }
+        Ok(log.flushed.get())
+    }
+
+    /// Waits until every record written so far is visible to `get`.
+    pub async fn wait_dispatched(&self) {
+        let target = self.inner.log.written();
+        if self.inner.cfg.flush_mode == FlushMode::Sync {
+            self.inner.log.request_flush();
+        }
+        self.inner.dispatch_wake.notify();
+        self.inner.dispatched.wait_for(target).await;
+    }
+
+    /// Why the store stopped taking writes, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failed.borrow().clone().or_else(|| self.inner.log.failure())
+    }
+
+    /// Clean shutdown: refuse new puts, write and flush everything, bring the queues
+    /// and checkpoint up to date, remove `abort`, release the lock.
+    pub async fn shutdown(self) -> Result<()> {
+        let inner = self.inner.clone();
+        if inner.state.get() != State::Running {
+            return Ok(());
+        }
+        inner.state.set(State::Stopping);
+        inner.log.stop_writer();
+        inner.dispatch_wake.notify();
+        inner.flusher_wake.notify();
+        let tasks: Vec<_> = inner.tasks.borrow_mut().drain(..).collect();
+        for t in tasks {
+            t.await;
+        }
+        let failure = self.failure();
+        inner.state.set(State::Stopped);
+        if let Some(f) = failure {
+            return Err(Error::Failed(f));
+        }
+        let end = inner.log.written();
+        inner.flush_queues().await?;
+        inner.write_checkpoint(end, end).await?;
+        let abort = inner.cfg.root.join("abort");
+        std::fs::remove_file(&abort).map_err(|e| Error::io("remove", &abort, 0, e))?;
+        io::sync_dir(&inner.cfg.root)?;
+        tracing::info!(root = %inner.cfg.root.display(), end, "store shut down cleanly");
+        Ok(())
+    }
+}
+
+impl Inner {
+    fn check_message(&self, m: &Message) -> Option<PutStatus> {
+        use IllegalReason::*;
+        let illegal = |r| Some(PutStatus::MessageIllegal(r));
+        if m.topic.is_empty() {
+            return illegal(TopicEmpty);
+        }
+        let max_topic = if m.topic.starts_with("%RETRY%") { 255 } else { self.cfg.max_topic_len };
+        if m.topic.len() > max_topic {
+            return illegal(TopicTooLong);
+        }
+        if !m.topic.bytes().all(valid_topic_char) {
+            return illegal(TopicInvalidChars);
+        }
+        if m.queue_id < 0 || m.queue_id >= self.cfg.max_queue_id_exclusive {
+            return illegal(QueueIdOutOfRange);
+        }
+        if m.body.len() > self.cfg.max_message_bytes {
+            return illegal(BodyTooLarge);
+        }
+        None
+    }
+
+    fn fields<'a>(&self, m: &'a Message, props: &'a [u8], q: u64, phys: u64, ts: i64) -> RecordFields<'a> {
+        RecordFields {
+            topic: &m.topic,
+            queue_id: m.queue_id,
+            flag: m.flag,
+            queue_offset: q as i64,
+            phys_offset: phys as i64,
+            sys_flag: m.sys_flag,
+            born_timestamp: m.born_timestamp_ms,
+            born_host: m.born_host,
+            store_timestamp: ts,
+            store_host: std::net::SocketAddr::V4(self.cfg.store_host),
+            reconsume_times: m.reconsume_times,
+            prepared_transaction_offset: m.prepared_transaction_offset,
+            body: &m.body,
+            properties: props,
+            record_crc: self.cfg.record_crc,
+        }
+    }
+
+    /// Store timestamps never go backwards in log order.
+    fn store_timestamp(&self) -> i64 {
+        let ts = crate::now_ms().max(self.last_store_ts.get());
+        self.last_store_ts.set(ts);
+        ts
+    }
+
+    fn find_queue(&self, topic: &str, queue_id: i32) -> Option<Rc<Queue>> {
+        self.queues.borrow().get(topic)?.get(&queue_id).cloned()
+    }
+
+    fn queue(&self, topic: &str, queue_id: i32) -> Rc<Queue> {
+        if let Some(q) = self.find_queue(topic, queue_id) {
+            return q;
+        }
+        let cq = Rc::new(ConsumeQueue::new(
+            &self.cfg.root,
+            topic,
+            queue_id,
+            self.cfg.consume_queue_entries_per_file,
+        ));
+        let q = Rc::new(Queue { cq, next_put: Cell::new(0) });
+        self.queues
+            .borrow_mut()
+            .entry(topic.to_string())
+            .or_default()
+            .insert(queue_id, q.clone());
+        q
+    }
+
+    async fn load_queues(&self, log_min: u64, log_end: u64) -> Result<()> {
+        let cq_root = self.cfg.root.join("consumequeue");
+        let topics = match std::fs::read_dir(&cq_root) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("list", &cq_root, 0, e)),
+        };
+        for t in topics {
+            let t = t.map_err(|e| Error::io("list", &cq_root, 0, e))?;
+            let Some(topic) = t.file_name().to_str().map(str::to_string) else { continue };
+            if !t.path().is_dir() {
+                continue;
+            }
+            let qdirs = std::fs::read_dir(t.path()).map_err(|e| Error::io("list", t.path(), 0, e))?;
+            for qd in qdirs {
+                let qd = qd.map_err(|e| Error::io("list", t.path(), 0, e))?;
+                let Some(qid) = qd.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let q = self.queue(&topic, qid);
+                q.cq.load(log_min, log_end).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds ConsumeQueue entries for the records in `[from, to)`, reading the log.
+    /// Returns how many entries were appended (duplicates are skipped).
+    async fn dispatch_range(&self, from: u64, to: u64) -> Result<u64> {
+        let mut pos = from;
+        let mut appended = 0;
+        let seg = self.log.segment_bytes();
+        let max_total = self.cfg.max_record_bytes();
+        while pos < to {
+            let seg_end = pos / seg * seg + seg;
+            let len = (to.min(seg_end) - pos).min(1 << 20).max(8.min(to - pos)) as usize;
+            let mut buf = self.log.read(pos, len).await?;
+            let (size, _) = record::peek_header(&buf).unwrap_or((0, 0));
+            if size as usize > buf.len() && (size as usize) <= max_total && pos + size as u64 <= to {
+                buf = self.log.read(pos, size as usize).await?;
+            }
+            let mut at = 0usize;
+            while at < buf.len() {
+                let verify = Verify { crc: false, at_offset: Some((pos + at as u64) as i64), max_total_size: max_total };
+                match record::decode(&buf[at..], verify) {
+                    Ok(Decoded::Record(r)) => {
+                        if r.is_dispatched_to_queue() {
+                            appended += self.place_entry(&r)? as u64;
+                        }
+                        at += r.total_size as usize;
+                    }
+                    Ok(Decoded::Blank(n)) => {
+                        at += n as usize;
+                        break;
+                    }
+                    Err(crate::format::Corruption::Truncated) if at > 0 => break,
+                    Err(kind) => {
+                        return Err(Error::Corrupt {
+                            path: self.log.dir().to_path_buf(),
+                            offset: pos + at as u64,
+                            kind,
+                            detail: Some("dispatch met an invalid record".into()),
+                        });
+                    }
+                }
+            }
+            pos += at as u64;
+            self.dispatched.set(pos.max(self.dispatched.get()));
+        }
+        Ok(appended)
+    }
+
+    fn place_entry(&self, r: &record::RecordView<'_>) -> Result<bool> {
+        let q = self.queue(r.topic, r.queue_id);
+        let entry = CqEntry {
+            phys_offset: r.phys_offset,
+            size: r.total_size as i32,
+            tags_code: tags_code(r.tags()),
+        };
+        match q.cq.put(r.queue_offset as u64, entry) {
+            Placed::Appended => Ok(true),
+            Placed::Duplicate => Ok(false),
+            Placed::Gap { expected } => Err(Error::Corrupt {
+                path: self.cfg.root.join("consumequeue").join(r.topic).join(r.queue_id.to_string()),
+                offset: expected,
+                kind: crate::format::Corruption::BadLength(r.queue_offset),
+                detail: Some(format!(
+                    "record at {} has queue offset {} but the queue ends at {expected}",
+                    r.phys_offset, r.queue_offset
+                )),
+            }),
+        }
+    }
+
+    async fn flush_queues(&self) -> Result<()> {
+        let queues: Vec<Rc<Queue>> =
+            self.queues.borrow().values().flat_map(|m| m.values().cloned()).collect();
+        for q in queues {
+            if q.cq.is_dirty() {
+                q.cq.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_checkpoint(&self, log_flushed: u64, dispatch_safe: u64) -> Result<()> {
+        let cp = Checkpoint {
+            physic_msg_timestamp: self.log.flushed_timestamp(),
+            logics_msg_timestamp: self.last_store_ts.get(),
+            index_msg_timestamp: 0,
+            log_flushed_offset: log_flushed,
+            dispatch_safe_offset: dispatch_safe,
+        };
+        debug_assert!(dispatch_safe <= self.log.written() || dispatch_safe == log_flushed);
+        self.checkpoint.write_aligned(0, &cp.encode()).await?;
+        self.checkpoint.sync().await?;
+        const _: () = assert!(CHECKPOINT_LEN == io::PAGE);
+        Ok(())
+    }
+
+    fn spawn_tasks(self: &Rc<Self>) -> Result<()> {
+        use glommio::{Latency, Shares, executor};
+        let tq = |name: &str, shares: usize| {
+            executor().create_task_queue(Shares::Static(shares), Latency::NotImportant, name)
+        };
+        let spawn = |name: &str, shares: usize, fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>| {
+            glommio::spawn_local_into(fut, tq(name, shares))
+                .map(|t| t.detach())
+                .map_err(|e| Error::Config(format!("cannot spawn {name}: {e}")))
+        };
+        let writer = spawn("commit-log-writer", 1000, Box::pin(self.log.clone().run_writer()))?;
+        let me = self.clone();
+        let dispatcher = spawn("dispatch", 500, Box::pin(async move { me.run_dispatcher().await }))?;
+        let me = self.clone();
+        let flusher = spawn("cq-flush", 100, Box::pin(async move { me.run_queue_flusher().await }))?;
+        self.tasks.borrow_mut().extend([writer, dispatcher, flusher]);
+        Ok(())
+    }
+
+    fn confirm_offset(&self) -> u64 {
+        match self.cfg.flush_mode {
+            FlushMode::Sync => self.log.flushed.get(),
+            FlushMode::Async => self.log.written(),
+        }
+    }
+
+    async fn run_dispatcher(self: Rc<Self>) {
+        loop {
+            let from = self.dispatched.get();
+            let to = self.confirm_offset();
+            if from < to {
+                if let Err(e) = self.dispatch_range(from, to).await {
+                    tracing::error!(error = %e, "dispatch failed; the shard stops taking writes");
+                    *self.failed.borrow_mut() = Some(e.to_string());
+                    self.dispatched.close();
+                    return;
+                }
+                glommio::yield_if_needed().await;
+                continue;
+            }
+            if self.state.get() != State::Running && (self.log.failure().is_some() || to >= self.log.written()) {
+                if self.log.flushed.get() >= self.log.written() || self.log.failure().is_some() {
+                    return;
+                }
+            }
+            let flushed = self.log.flushed.wait_for(to + 1);
+            futures_lite::future::or(
+                futures_lite::future::or(self.dispatch_wake.wait(), async {
+                    flushed.await;
+                }),
+                glommio::timer::sleep(std::time::Duration::from_millis(100)),
+            )
+            .await;
+        }
+    }
+
+    async fn run_queue_flusher(self: Rc<Self>) {
+        loop {
+            futures_lite::future::or(
+                self.flusher_wake.wait(),
+                glommio::timer::sleep(self.cfg.consume_queue_flush_interval),
+            )
+            .await;
+            if self.state.get() != State::Running {
+                return;
+            }
+            let dispatch_safe = self.dispatched.get();
+            let log_flushed = self.log.flushed.get();
+            let r = async {
+                self.flush_queues().await?;
+                self.write_checkpoint(log_flushed, dispatch_safe).await
+            }
+            .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "consume-queue flush failed; the shard stops taking writes");
+                *self.failed.borrow_mut() = Some(e.to_string());
+                return;
+            }
+        }
+    }
+}
+
+/// The root path helpers used by tools.
+pub fn shard_paths(root: &Path) -> (PathBuf, PathBuf) {
+    (root.join("commitlog"), root.join("consumequeue"))
+}

@@ -1,0 +1,75 @@
+//! Put -> get -> clean restart -> get, through several segment rolls.
+mod common;
+use common::*;
+use coremq::{FlushMode, GetStatus, PutStatus, Store, StoreConfig};
+
+fn round_trip(mode: FlushMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    run(move || async move {
+        let mut cfg = StoreConfig::small_for_tests(&root);
+        cfg.flush_mode = mode;
+        let store = Store::open(cfg.clone()).await.unwrap();
+        let topics = ["TopicA", "TopicB"];
+        let mut expected_log = 0u64;
+        for i in 0..1500u64 {
+            for t in topics {
+                let q = (i % 3) as i32;
+                let r = store.put(msg(t, q, i)).await;
+                assert_eq!(r.status, PutStatus::PutOk);
+                assert_eq!(r.queue_offset, i / 3);
+                assert!(r.log_offset >= expected_log);
+                expected_log = r.log_offset + r.wrote_bytes as u64;
+            }
+        }
+        // ~3 MB of records over 1 MiB segments: at least two rolls.
+        assert!(store.max_log_offset() > 2 << 20, "log too small to roll");
+        store.wait_dispatched().await;
+        let check = |store: Store| async move {
+            for t in topics {
+                for q in 0..3 {
+                    let msgs = read_all(&store, t, q).await;
+                    assert_eq!(msgs.len(), 500, "{t}/{q}");
+                    for (n, m) in msgs.iter().enumerate() {
+                        let i = n as u64 * 3 + q as u64;
+                        assert_eq!(m.queue_offset, n as u64);
+                        assert_eq!(&m.body[..], &body(t, q, i)[..]);
+                        assert_eq!(m.property("TAGS"), Some(format!("tag{}", i % 3).as_str()));
+                        let by_id = store.look_by_msg_id(&m.msg_id.unwrap().to_string()).await.unwrap().unwrap();
+                        assert_eq!(by_id.body, m.body);
+                    }
+                }
+            }
+            store
+        };
+        let store = check(store).await;
+        store.shutdown().await.unwrap();
+        assert!(!root.join("abort").exists());
+        let seg_count = std::fs::read_dir(root.join("commitlog")).unwrap().count();
+        assert!(seg_count >= 3, "expected several segments, got {seg_count}");
+
+        let store = Store::open(cfg.clone()).await.unwrap();
+        assert!(store.report.clean_shutdown);
+        assert_eq!(store.report.entries_rebuilt, 0);
+        let store = check(store).await;
+        // Offsets continue after restart.
+        let r = store.put(msg("TopicA", 0, 1500)).await;
+        assert_eq!(r.status, PutStatus::PutOk);
+        assert_eq!(r.queue_offset, 500);
+        store.wait_dispatched().await;
+        let g = store.get("TopicA", 0, 500, 10, 1 << 20).await.unwrap();
+        assert_eq!(g.status, GetStatus::Found);
+        assert_eq!(g.records.len(), 1);
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn round_trip_async_flush() {
+    round_trip(FlushMode::Async);
+}
+
+#[test]
+fn round_trip_sync_flush() {
+    round_trip(FlushMode::Sync);
+}
