@@ -177,14 +177,17 @@ impl ConsumeQueue {
         Ok(())
     }
 
-    /// Places the entry for queue offset `q` (dispatch), idempotently.
-    pub fn put(&self, q: u64, entry: CqEntry) -> Placed {
+    /// Places the entry for queue offset `q` (dispatch), idempotently. An empty queue
+    /// may start at `q > 0` only if `allow_late_start` (a rebuild from the log's first
+    /// record, where earlier records were removed by retention); otherwise a missing
+    /// prefix is a gap.
+    pub fn put(&self, q: u64, entry: CqEntry, allow_late_start: bool) -> Placed {
         let max = self.max.get();
         if q < max {
             return Placed::Duplicate;
         }
         if q > max {
-            if max == self.min.get() && max == 0 && self.files.borrow().is_empty() {
+            if allow_late_start && max == 0 && self.files.borrow().is_empty() && self.tails.borrow().is_empty() {
                 // An empty queue may start anywhere (its earlier files were removed).
                 self.min.set(q);
                 self.max.set(q);
@@ -319,7 +322,7 @@ mod tests {
                 crate::io::prime_executor(&root).await.unwrap();
                 let cq = ConsumeQueue::new(&root, "T", 0, 1000);
                 for i in 0..2500u64 {
-                    assert_eq!(cq.put(i, entry(i)), Placed::Appended);
+                    assert_eq!(cq.put(i, entry(i), false), Placed::Appended);
                     if i % 97 == 0 {
                         cq.flush().await.unwrap();
                     }
@@ -330,8 +333,8 @@ mod tests {
                         }
                     }
                 }
-                assert_eq!(cq.put(5, entry(5)), Placed::Duplicate);
-                assert_eq!(cq.put(2501, entry(5)), Placed::Gap { expected: 2500 });
+                assert_eq!(cq.put(5, entry(5), false), Placed::Duplicate);
+                assert_eq!(cq.put(2501, entry(5), false), Placed::Gap { expected: 2500 });
                 cq.flush().await.unwrap();
                 let cq2 = ConsumeQueue::new(&root, "T", 0, 1000);
                 cq2.load(0, 2500 * 100).await.unwrap();
@@ -343,7 +346,7 @@ mod tests {
                 for q in (0..2000).step_by(111) {
                     assert_eq!(cq3.entry(q).await.unwrap(), Some(entry(q)));
                 }
-                assert_eq!(cq3.put(2000, entry(2000)), Placed::Appended);
+                assert_eq!(cq3.put(2000, entry(2000), false), Placed::Appended);
             })
             .unwrap()
             .join()

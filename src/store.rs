@@ -158,14 +158,29 @@ impl Store {
             _lock: lock,
         });
         inner.load_queues(log.min_offset(), log_end).await?;
-        let mut from = if cp_valid { cp.dispatch_safe_offset.min(log_end) } else { log.min_offset() };
+        let loaded = inner.queue_count_on_disk();
+        let queues_lost = cp_valid && (loaded as u32) < cp.queue_count;
+        if queues_lost {
+            tracing::warn!(
+                loaded,
+                recorded = cp.queue_count,
+                "consume queues are missing; rebuilding them from the whole log"
+            );
+        }
+        let mut from = if cp_valid && !queues_lost {
+            cp.dispatch_safe_offset.min(log_end)
+        } else {
+            log.min_offset()
+        };
         from = from.max(log.min_offset());
-        let rebuilt = match inner.dispatch_range(from, log_end).await {
+        // Dispatch from the checkpoint; if the queues disagree with it (files lost or
+        // damaged), rebuild every queue from the log's first record.
+        let rebuilt = match inner.dispatch_range(from, log_end, from == log.min_offset()).await {
             Ok(n) => n,
             Err(e) if from > log.min_offset() => {
                 tracing::warn!(error = %e, "dispatch from the checkpoint failed; rebuilding queues from the whole log");
                 from = log.min_offset();
-                inner.dispatch_range(from, log_end).await?
+                inner.dispatch_range(from, log_end, true).await?
             }
             Err(e) => return Err(e),
         };
@@ -176,7 +191,7 @@ impl Store {
             }
         }
         inner.flush_queues().await?;
-        inner.write_checkpoint(log_end, log_end).await?;
+        inner.write_checkpoint(log_end, log_end, inner.queue_count_on_disk()).await?;
         std::fs::write(&abort_path, std::process::id().to_string())
             .and_then(|_| std::fs::File::open(&abort_path)?.sync_all())
             .map_err(|e| Error::io("create", &abort_path, 0, e))?;
@@ -571,7 +586,7 @@ impl Store {
         }
         let end = inner.log.written();
         inner.flush_queues().await?;
-        inner.write_checkpoint(end, end).await?;
+        inner.write_checkpoint(end, end, inner.queue_count_on_disk()).await?;
         let abort = inner.cfg.root.join("abort");
         std::fs::remove_file(&abort).map_err(|e| Error::io("remove", &abort, 0, e))?;
         io::sync_dir(&inner.cfg.root)?;
@@ -681,7 +696,7 @@ impl Inner {
 
     /// Builds ConsumeQueue entries for the records in `[from, to)`, reading the log.
     /// Returns how many entries were appended (duplicates are skipped).
-    async fn dispatch_range(&self, from: u64, to: u64) -> Result<u64> {
+    async fn dispatch_range(&self, from: u64, to: u64, rebuild: bool) -> Result<u64> {
         let mut pos = from;
         let mut appended = 0;
         let seg = self.log.segment_bytes();
@@ -700,7 +715,7 @@ impl Inner {
                 match record::decode(&buf[at..], verify) {
                     Ok(Decoded::Record(r)) => {
                         if r.is_dispatched_to_queue() {
-                            appended += self.place_entry(&r)? as u64;
+                            appended += self.place_entry(&r, rebuild)? as u64;
                         }
                         at += r.total_size as usize;
                     }
@@ -725,14 +740,14 @@ impl Inner {
         Ok(appended)
     }
 
-    fn place_entry(&self, r: &record::RecordView<'_>) -> Result<bool> {
+    fn place_entry(&self, r: &record::RecordView<'_>, rebuild: bool) -> Result<bool> {
         let q = self.queue(r.topic, r.queue_id);
         let entry = CqEntry {
             phys_offset: r.phys_offset,
             size: r.total_size as i32,
             tags_code: tags_code(r.tags()),
         };
-        match q.cq.put(r.queue_offset as u64, entry) {
+        match q.cq.put(r.queue_offset as u64, entry, rebuild) {
             Placed::Appended => Ok(true),
             Placed::Duplicate => Ok(false),
             Placed::Gap { expected } => Err(Error::Corrupt {
@@ -758,8 +773,15 @@ impl Inner {
         Ok(())
     }
 
-    async fn write_checkpoint(&self, log_flushed: u64, dispatch_safe: u64) -> Result<()> {
+    /// Queues that hold at least one entry (in files or in memory).
+    fn queue_count_on_disk(&self) -> usize {
+        self.queues.borrow().values().flat_map(|m| m.values()).filter(|q| q.cq.max_offset() > 0).count()
+    }
+
+    /// `queue_count` must be counted when `dispatch_safe` was read.
+    async fn write_checkpoint(&self, log_flushed: u64, dispatch_safe: u64, queue_count: usize) -> Result<()> {
         let cp = Checkpoint {
+            queue_count: queue_count as u32,
             physic_msg_timestamp: self.log.flushed_timestamp(),
             logics_msg_timestamp: self.last_store_ts.get(),
             index_msg_timestamp: 0,
@@ -804,7 +826,7 @@ impl Inner {
             let from = self.dispatched.get();
             let to = self.confirm_offset();
             if from < to {
-                if let Err(e) = self.dispatch_range(from, to).await {
+                if let Err(e) = self.dispatch_range(from, to, false).await {
                     tracing::error!(error = %e, "dispatch failed; the shard stops taking writes");
                     *self.failed.borrow_mut() = Some(e.to_string());
                     self.dispatched.close();
@@ -841,9 +863,10 @@ impl Inner {
             }
             let dispatch_safe = self.dispatched.get();
             let log_flushed = self.log.flushed.get();
+            let queue_count = self.queue_count_on_disk();
             let r = async {
                 self.flush_queues().await?;
-                self.write_checkpoint(log_flushed, dispatch_safe).await
+                self.write_checkpoint(log_flushed, dispatch_safe, queue_count).await
             }
             .await;
             if let Err(e) = r {

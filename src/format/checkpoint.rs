@@ -12,7 +12,8 @@
 //!   68    4 version (1)
 //!   72    8 log_flushed_offset       every record below this was fdatasync'ed
 //!   80    8 dispatch_safe_offset     every ConsumeQueue entry for records below this is on disk
-//!   88    4 crc32 of bytes 64..88
+//!   88    4 queue_count              ConsumeQueues holding entries when this was written
+//!   92    4 crc32 of bytes 64..92
 //! ```
 //! Recovery trusts coremq's part only when its CRC matches; otherwise it falls back to
 //! scanning and dispatching the whole CommitLog (slow, never wrong).
@@ -30,7 +31,8 @@ pub const COREMQ_MAGIC: u32 = u32::from_be_bytes(*b"CMQK");
 pub const COREMQ_VERSION: u32 = 1;
 const LOG_FLUSHED_AT: usize = COREMQ_AT + 8;
 const DISPATCH_SAFE_AT: usize = LOG_FLUSHED_AT + 8;
-const CRC_AT: usize = DISPATCH_SAFE_AT + 8;
+const QUEUE_COUNT_AT: usize = DISPATCH_SAFE_AT + 8;
+const CRC_AT: usize = QUEUE_COUNT_AT + 4;
 const _: () = assert!(CONFIRM_AT + 8 <= COREMQ_AT && CRC_AT + 4 <= CHECKPOINT_LEN);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,6 +42,8 @@ pub struct Checkpoint {
     pub index_msg_timestamp: i64,
     pub log_flushed_offset: u64,
     pub dispatch_safe_offset: u64,
+    /// Lets recovery notice ConsumeQueue directories that disappeared.
+    pub queue_count: u32,
 }
 
 impl Checkpoint {
@@ -54,6 +58,7 @@ impl Checkpoint {
         b[LOG_FLUSHED_AT..LOG_FLUSHED_AT + 8].copy_from_slice(&self.log_flushed_offset.to_be_bytes());
         b[DISPATCH_SAFE_AT..DISPATCH_SAFE_AT + 8]
             .copy_from_slice(&self.dispatch_safe_offset.to_be_bytes());
+        b[QUEUE_COUNT_AT..QUEUE_COUNT_AT + 4].copy_from_slice(&self.queue_count.to_be_bytes());
         let crc = crc32fast::hash(&b[COREMQ_AT..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         b
@@ -80,6 +85,7 @@ impl Checkpoint {
         }
         cp.log_flushed_offset = be_i64(b, LOG_FLUSHED_AT).ok_or(t)? as u64;
         cp.dispatch_safe_offset = be_i64(b, DISPATCH_SAFE_AT).ok_or(t)? as u64;
+        cp.queue_count = be_i32(b, QUEUE_COUNT_AT).ok_or(t)? as u32;
         Ok((cp, true))
     }
 }
@@ -96,6 +102,7 @@ mod tests {
             index_msg_timestamp: 3,
             log_flushed_offset: 4096,
             dispatch_safe_offset: 2048,
+            queue_count: 7,
         };
         let mut b = cp.encode();
         assert_eq!(Checkpoint::decode(&b), Ok((cp, true)));
