@@ -62,6 +62,8 @@ pub struct CommitLog {
     failed: RefCell<Option<String>>,
     stopping: Cell<bool>,
     flush_now: Cell<bool>,
+    /// Records at or after this offset must carry the record-CRC property.
+    crc_required_from: Cell<u64>,
 }
 
 /// Where a blob of records goes: `start`, after an optional blank at `blank_at`.
@@ -88,6 +90,7 @@ impl CommitLog {
         scan_from: u64,
         durable_below: u64,
         scan_whole_tail: bool,
+        crc_required_from: u64,
     ) -> Result<(Rc<CommitLog>, ScanReport)> {
         let dir = cfg.root.join("commitlog");
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create dir", &dir, 0, e))?;
@@ -149,6 +152,7 @@ impl CommitLog {
             failed: RefCell::new(None),
             stopping: Cell::new(false),
             flush_now: Cell::new(false),
+            crc_required_from: Cell::new(crc_required_from),
             cfg,
         });
         let report = log.scan(scan_from.max(min_offset), durable_below, scan_whole_tail).await?;
@@ -218,7 +222,12 @@ impl CommitLog {
                 buf_start = pos;
             }
             let at = (pos - buf_start) as usize;
-            let verify = Verify { crc: true, at_offset: Some(pos as i64), max_total_size: max_total };
+            let verify = Verify {
+                crc: true,
+                at_offset: Some(pos as i64),
+                max_total_size: max_total,
+                require_record_crc: self.requires_crc(pos),
+            };
             match record::decode(&buf[at..], verify) {
                 Ok(Decoded::Record(r)) => {
                     report.records += 1;
@@ -300,7 +309,12 @@ impl CommitLog {
                 if p >= 4 && (buf[p..].starts_with(&magic_v1) || buf[p..].starts_with(&magic_v2)) {
                     let start = p - 4;
                     let at = pos + start as u64;
-                    let verify = Verify { crc: true, at_offset: Some(at as i64), max_total_size: max_total };
+                    let verify = Verify {
+                        crc: true,
+                        at_offset: Some(at as i64),
+                        max_total_size: max_total,
+                        require_record_crc: self.requires_crc(at),
+                    };
                     if let Ok(Decoded::Record(_)) = record::decode(&buf[start..], verify) {
                         return Ok((Some(at), last_nonzero));
                     }
@@ -360,6 +374,20 @@ impl CommitLog {
             w.free.push(vec![0u8; self.win_bytes as usize]);
         }
         Ok(())
+    }
+
+    /// Whether the record at `offset` must carry the record-CRC property.
+    pub fn requires_crc(&self, offset: u64) -> bool {
+        self.cfg.record_crc && offset >= self.crc_required_from.get()
+    }
+
+    /// Called once recovery knows where records with the CRC property begin.
+    pub fn set_crc_required_from(&self, offset: u64) {
+        self.crc_required_from.set(offset);
+    }
+
+    pub fn crc_required_from(&self) -> u64 {
+        self.crc_required_from.get()
     }
 
     pub fn dir(&self) -> &Path {

@@ -101,8 +101,20 @@ impl ConsumeQueue {
             }
             let f = File::open(&path, false).await?;
             let size = f.size().await?;
-            if size != self.file_bytes {
+            // Our own flush may leave the last page reaching past the exact size (a
+            // crash before the cut), and a crash during creation leaves an empty file.
+            // Any other size means the store was written with another file size.
+            if size == 0 || (size > self.file_bytes && size <= align_up(self.file_bytes)) {
                 f.truncate(self.file_bytes).await?;
+            } else if size != self.file_bytes {
+                return Err(Error::BadLayout {
+                    path,
+                    why: format!(
+                        "consume-queue file is {size} bytes; this store uses {} \
+                         (set consume_queue_entries_per_file to the value the store was created with)",
+                        self.file_bytes
+                    ),
+                });
             }
             self.files.borrow_mut().insert(byte_pos / E, f);
         }
@@ -278,7 +290,8 @@ impl ConsumeQueue {
             let file = self.file_or_create(first).await?;
             file.write_aligned(page_pos, &data).await?;
             let complete = page_pos + copied as u64 == self.file_bytes;
-            if complete {
+            if page_pos + data.len() as u64 > self.file_bytes {
+                // The padded last page reached past the file's exact size: cut it back.
                 file.truncate(self.file_bytes).await?;
             }
             file.sync().await?;

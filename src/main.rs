@@ -1,3 +1,351 @@
-fn main() {
-    println!("coremq: see README");
+//! The `coremq` command line.
+//!
+//! * `coremq inspect records|queue|check DIR ...`: offline, read-only inspection of a
+//!   store directory (see `coremq::inspect`); JSON lines on stdout.
+//! * `coremq run`: the main job on an embedded default: opens a store in a data
+//!   directory, puts N messages with up to 256 puts outstanding, reads every queue
+//!   back and verifies every body, shuts down cleanly and prints a JSON summary.
+//!
+//! Exit codes: 0 success, 1 a problem was found (check failed, verification failed,
+//! no such queue), 2 the command could not run (bad arguments, unreadable files,
+//! store failed to open).
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use coremq::format::properties;
+use coremq::{
+    FlushMode, GetStatus, Message, PutStatus, Store, StoreConfig, StoredMessage, inspect,
+};
+use serde_json::json;
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "coremq",
+    version,
+    about = "RocketMQ's message store on glommio"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Read-only inspection of a store directory (coremq shard, RocketMQ store root,
+    /// or a directory of shard-<i>/ stores).
+    Inspect {
+        #[command(subcommand)]
+        what: Inspect,
+    },
+    /// Put, read back and verify messages on an embedded store; print a JSON summary.
+    Run(RunArgs),
+}
+
+#[derive(Subcommand)]
+enum Inspect {
+    /// Every CommitLog record, one JSON line each.
+    Records { dir: PathBuf },
+    /// One ConsumeQueue's entries, one JSON line each (summary on stderr).
+    Queue {
+        dir: PathBuf,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        queue: i32,
+    },
+    /// Verify records, queues and checkpoint; one JSON summary line; exit 1 on problems.
+    Check { dir: PathBuf },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Flush {
+    Async,
+    Sync,
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    #[arg(long, default_value = "./coremq-data")]
+    data_dir: PathBuf,
+    #[arg(long, default_value_t = 100_000)]
+    messages: u64,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    queues: u32,
+    #[arg(long, default_value_t = 1024)]
+    body_bytes: usize,
+    #[arg(long, value_enum, default_value_t = Flush::Async)]
+    flush: Flush,
+}
+
+fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Inspect { what } => inspect_cmd(what),
+        Cmd::Run(args) => run_cmd(args),
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+// ---------------------------------------------------------------------------------
+// inspect
+
+fn inspect_cmd(what: Inspect) -> ExitCode {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = match &what {
+        Inspect::Records { dir } => inspect::print_records(dir, &mut out).map(|_| true),
+        Inspect::Queue { dir, topic, queue } => {
+            let found = inspect::print_queue(dir, topic, *queue, &mut out, &mut std::io::stderr());
+            if let Ok(false) = found {
+                eprintln!("no consume queue {topic}/{queue} under {}", dir.display());
+            }
+            found
+        }
+        Inspect::Check { dir } => inspect::print_check(dir, &mut out),
+    };
+    let flushed = out.flush();
+    match (result, flushed) {
+        (Ok(true), Ok(())) => ExitCode::SUCCESS,
+        (Ok(false), Ok(())) => ExitCode::from(1),
+        // The reader went away (`| head`): not a failure of the tool.
+        (Err(coremq::Error::Io { source, .. }), _) if source.kind() == ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
+        (_, Err(e)) if e.kind() == ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        (Err(e), _) => fail(&e),
+        (_, Err(e)) => fail(&e),
+    }
+}
+
+fn fail(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("coremq: {e}");
+    ExitCode::from(2)
+}
+
+// ---------------------------------------------------------------------------------
+// run
+
+const TOPIC: &str = "BenchTopic";
+/// Puts kept outstanding at once.
+const MAX_INFLIGHT: usize = 256;
+/// Records asked for per `get` while reading back.
+const GET_BATCH: usize = 256;
+
+/// What `run` measured.
+struct RunSummary {
+    put_seconds: f64,
+    read_seconds: f64,
+    errors: Vec<String>,
+}
+
+fn run_cmd(args: RunArgs) -> ExitCode {
+    let job = args.clone();
+    let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .name("coremq-run")
+        .spawn(move || async move { run_job(job).await });
+    let summary = match handle.map(|h| h.join()) {
+        Ok(Ok(Ok(s))) => s,
+        Ok(Ok(Err(e))) => return fail(&e),
+        Ok(Err(e)) | Err(e) => return fail(&e),
+    };
+    let verified = summary.errors.is_empty();
+    for e in &summary.errors {
+        tracing::error!("verification failed: {e}");
+    }
+    print_summary(&args, &summary, verified);
+    if verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn print_summary(args: &RunArgs, s: &RunSummary, verified: bool) {
+    let bytes = args.messages * args.body_bytes as u64;
+    let per_sec = |v: f64| {
+        if s.put_seconds > 0.0 {
+            v / s.put_seconds
+        } else {
+            0.0
+        }
+    };
+    let line = json!({
+        "messages": args.messages,
+        "bytes": bytes,
+        "put_seconds": s.put_seconds,
+        "messages_per_sec": per_sec(args.messages as f64),
+        "mb_per_sec": per_sec(bytes as f64 / 1e6),
+        "read_seconds": s.read_seconds,
+        "verified": verified,
+        "data_dir": args.data_dir.display().to_string(),
+        "flush": match args.flush { Flush::Async => "async", Flush::Sync => "sync" },
+    });
+    println!("{line}");
+}
+
+/// Opens the store, puts, waits for dispatch, reads back, shuts down.
+async fn run_job(args: RunArgs) -> coremq::Result<RunSummary> {
+    let mut cfg = StoreConfig::new(&args.data_dir);
+    cfg.flush_mode = match args.flush {
+        Flush::Async => FlushMode::Async,
+        Flush::Sync => FlushMode::Sync,
+    };
+    let store = Store::open(cfg).await?;
+    // Queue offsets where this run starts (non-zero when the directory is reused).
+    let bases: Vec<u64> = (0..args.queues)
+        .map(|q| store.max_queue_offset(TOPIC, q as i32))
+        .collect();
+    let started = Instant::now();
+    let mut errors = put_all(&store, &args).await;
+    let put_seconds = started.elapsed().as_secs_f64();
+    store.wait_dispatched().await;
+    let started = Instant::now();
+    errors.extend(read_back(&store, &args, &bases).await);
+    let read_seconds = started.elapsed().as_secs_f64();
+    store.shutdown().await?;
+    Ok(RunSummary {
+        put_seconds,
+        read_seconds,
+        errors,
+    })
+}
+
+/// The body of message `i`: `len` bytes derived from `i`.
+fn body(i: u64, len: usize) -> Vec<u8> {
+    let seed = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..len)
+        .map(|k| (seed >> ((k % 8) * 8)) as u8 ^ k as u8)
+        .collect()
+}
+
+fn message(i: u64, args: &RunArgs) -> Message {
+    let q = (i % args.queues as u64) as i32;
+    Message::new(TOPIC, q, body(i, args.body_bytes))
+        .with_tags(format!("tag{}", i % 8))
+        .with_keys(format!("key-{i}"))
+}
+
+/// Puts every message, keeping up to [`MAX_INFLIGHT`] puts outstanding. Returns the
+/// first few failures.
+async fn put_all(store: &Store, args: &RunArgs) -> Vec<String> {
+    let mut inflight: VecDeque<(u64, glommio::Task<PutStatus>)> =
+        VecDeque::with_capacity(MAX_INFLIGHT);
+    let mut errors = Vec::new();
+    for i in 0..args.messages {
+        if inflight.len() == MAX_INFLIGHT {
+            let (j, task) = inflight.pop_front().expect("window is full");
+            note_put(j, task.await, &mut errors);
+        }
+        let s = store.clone();
+        let msg = message(i, args);
+        inflight.push_back((
+            i,
+            glommio::spawn_local(async move { s.put(msg).await.status }),
+        ));
+    }
+    for (j, task) in inflight {
+        note_put(j, task.await, &mut errors);
+    }
+    errors
+}
+
+fn note_put(i: u64, status: PutStatus, errors: &mut Vec<String>) {
+    if !status.is_stored() && errors.len() < 10 {
+        errors.push(format!("put {i}: {status:?}"));
+    }
+}
+
+/// Reads every queue from its base offset and checks each message against `body()`.
+async fn read_back(store: &Store, args: &RunArgs, bases: &[u64]) -> Vec<String> {
+    let mut seen = vec![false; args.messages as usize];
+    let mut errors = Vec::new();
+    for (q, base) in bases.iter().enumerate() {
+        if let Err(e) = read_queue(store, q as i32, *base, args, &mut seen).await {
+            errors.push(e);
+        }
+    }
+    let missing = seen.iter().filter(|s| !**s).count();
+    if missing > 0 {
+        errors.push(format!(
+            "{missing} of {} messages were not read back",
+            args.messages
+        ));
+    }
+    errors
+}
+
+async fn read_queue(
+    store: &Store,
+    q: i32,
+    from: u64,
+    args: &RunArgs,
+    seen: &mut [bool],
+) -> Result<(), String> {
+    let mut off = from;
+    loop {
+        let r = store
+            .get(TOPIC, q, off, GET_BATCH, 8 << 20)
+            .await
+            .map_err(|e| e.to_string())?;
+        match r.status {
+            GetStatus::Found => {
+                for raw in &r.records {
+                    let m = StoredMessage::decode(raw)
+                        .map_err(|e| format!("queue {q}: bad record: {e}"))?;
+                    verify_message(&m, q, args, seen)?;
+                }
+                off = r.next_begin_offset;
+            }
+            GetStatus::OffsetOverflowOne | GetStatus::NoMessageInQueue => return Ok(()),
+            other => return Err(format!("queue {q}: get at offset {off} returned {other:?}")),
+        }
+    }
+}
+
+fn verify_message(
+    m: &StoredMessage,
+    q: i32,
+    args: &RunArgs,
+    seen: &mut [bool],
+) -> Result<(), String> {
+    let key = m.property(properties::KEYS).unwrap_or_default();
+    let i: u64 = key
+        .strip_prefix("key-")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "queue {q} offset {}: unexpected keys {key:?}",
+                m.queue_offset
+            )
+        })?;
+    let slot = seen
+        .get_mut(i as usize)
+        .ok_or_else(|| format!("message {i} is out of range"))?;
+    if *slot {
+        return Err(format!("message {i} was read twice"));
+    }
+    if m.queue_id != q || i % args.queues as u64 != q as u64 {
+        return Err(format!(
+            "message {i} is in queue {} (read from {q})",
+            m.queue_id
+        ));
+    }
+    if m.body[..] != body(i, args.body_bytes)[..] {
+        return Err(format!("message {i}: body differs from what was put"));
+    }
+    *slot = true;
+    Ok(())
 }

@@ -176,7 +176,7 @@ impl StoredMessage {
     /// Decodes a raw record (as returned by `get`), verifying its checksums.
     pub fn decode(raw: &Bytes) -> Result<StoredMessage, crate::format::Corruption> {
         use crate::format::record::{Decoded, Verify, decode};
-        let verify = Verify { crc: true, at_offset: None, max_total_size: raw.len() };
+        let verify = Verify { crc: true, at_offset: None, max_total_size: raw.len(), require_record_crc: false };
         let Decoded::Record(r) = decode(raw, verify)? else {
             return Err(crate::format::Corruption::BadMagic(crate::format::record::BLANK_MAGIC));
         };

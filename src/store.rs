@@ -58,6 +58,8 @@ struct Inner {
     scratch: RefCell<Vec<u8>>,
     props_scratch: RefCell<Vec<u8>>,
     last_store_ts: Cell<i64>,
+    /// Store time of the last record given a ConsumeQueue entry (logicsMsgTimestamp).
+    last_dispatched_ts: Cell<i64>,
     state: Cell<State>,
     failed: RefCell<Option<String>>,
     checkpoint: Rc<File>,
@@ -138,8 +140,16 @@ impl Store {
         } else {
             (0, 0)
         };
-        let (log, scan) = CommitLog::open(cfg.clone(), scan_from, durable_below, !clean).await?;
+        // Which records must carry the record-CRC property: all of a coremq store's
+        // (as its checkpoint says); for an adopted RocketMQ store or a lost
+        // checkpoint, only those written from now on.
+        let crc_from = if cp_valid { cp.crc_required_from } else { u64::MAX };
+        let (log, scan) = CommitLog::open(cfg.clone(), scan_from, durable_below, !clean, crc_from).await?;
         let log_end = log.written();
+        if !cp_valid {
+            let fresh = log_end == log.min_offset() && log_end == 0;
+            log.set_crc_required_from(if fresh { 0 } else { log_end });
+        }
         let checkpoint = File::open(&cp_path, true).await?;
         let inner = Rc::new(Inner {
             cfg: cfg.clone(),
@@ -151,6 +161,7 @@ impl Store {
             scratch: RefCell::new(Vec::with_capacity(64 << 10)),
             props_scratch: RefCell::new(Vec::with_capacity(4 << 10)),
             last_store_ts: Cell::new(0),
+            last_dispatched_ts: Cell::new(0),
             state: Cell::new(State::Running),
             failed: RefCell::new(None),
             checkpoint,
@@ -389,27 +400,31 @@ impl Store {
             r.next_begin_offset = offset + epf - offset % epf;
             return Ok(r);
         }
+        // Take entries while the byte budget allows (at least one), then read their
+        // records with as few log reads as possible: entries of one queue usually sit
+        // close together in the log, so nearby records share one read.
+        let log_min = inner.log.min_offset();
+        let mut taken = Vec::with_capacity(entries.len());
         let mut bytes = 0usize;
         let mut next = offset;
-        let log_min = inner.log.min_offset();
-        r.status = GetStatus::NoMatchedMessage;
         for e in entries {
-            if !r.records.is_empty() && bytes + e.size as usize > max_bytes {
+            if !taken.is_empty() && bytes + e.size as usize > max_bytes {
                 break;
             }
             next += 1;
             if (e.phys_offset as u64) < log_min {
-                if r.records.is_empty() {
-                    r.status = GetStatus::MessageWasRemoving;
-                }
                 continue;
             }
-            let rec = inner.log.read(e.phys_offset as u64, e.size as usize).await?;
-            bytes += rec.len();
-            r.records.push(rec);
-            r.status = GetStatus::Found;
+            bytes += e.size as usize;
+            taken.push(e);
         }
         r.next_begin_offset = next;
+        if taken.is_empty() {
+            r.status = GetStatus::MessageWasRemoving;
+            return Ok(r);
+        }
+        r.records = inner.read_records(&taken, bytes).await?;
+        r.status = GetStatus::Found;
         Ok(r)
     }
 
@@ -441,6 +456,7 @@ impl Store {
             crc: true,
             at_offset: Some(offset as i64),
             max_total_size: self.inner.cfg.max_record_bytes(),
+            require_record_crc: log.requires_crc(offset),
         };
         match record::decode(&raw, verify) {
             Ok(Decoded::Record(_)) => Ok(Some(raw)),
@@ -711,7 +727,12 @@ impl Inner {
             }
             let mut at = 0usize;
             while at < buf.len() {
-                let verify = Verify { crc: false, at_offset: Some((pos + at as u64) as i64), max_total_size: max_total };
+                let verify = Verify {
+                    crc: false,
+                    at_offset: Some((pos + at as u64) as i64),
+                    max_total_size: max_total,
+                    require_record_crc: false,
+                };
                 match record::decode(&buf[at..], verify) {
                     Ok(Decoded::Record(r)) => {
                         if r.is_dispatched_to_queue() {
@@ -747,6 +768,7 @@ impl Inner {
             size: r.total_size as i32,
             tags_code: tags_code(r.tags()),
         };
+        self.last_dispatched_ts.set(r.store_timestamp);
         match q.cq.put(r.queue_offset as u64, entry, rebuild) {
             Placed::Appended => Ok(true),
             Placed::Duplicate => Ok(false),
@@ -773,6 +795,35 @@ impl Inner {
         Ok(())
     }
 
+    /// Reads the records of `entries` (ascending log offsets within one queue),
+    /// merging nearby ones into one read when the span wastes at most 3x `needed`.
+    async fn read_records(&self, entries: &[CqEntry], needed: usize) -> Result<Vec<bytes::Bytes>> {
+        let mut out = Vec::with_capacity(entries.len());
+        let budget = (needed * 4).max(256 << 10) as u64;
+        let mut i = 0;
+        while i < entries.len() {
+            let start = entries[i].phys_offset as u64;
+            let mut j = i + 1;
+            let mut end = start + entries[i].size as u64;
+            while j < entries.len() {
+                let e = &entries[j];
+                let e_end = e.phys_offset as u64 + e.size as u64;
+                if (e.phys_offset as u64) < end || e_end - start > budget {
+                    break;
+                }
+                end = e_end;
+                j += 1;
+            }
+            let span = self.log.read(start, (end - start) as usize).await?;
+            for e in &entries[i..j] {
+                let at = (e.phys_offset as u64 - start) as usize;
+                out.push(span.slice(at..at + e.size as usize));
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
     /// Queues that hold at least one entry (in files or in memory).
     fn queue_count_on_disk(&self) -> usize {
         self.queues.borrow().values().flat_map(|m| m.values()).filter(|q| q.cq.max_offset() > 0).count()
@@ -782,8 +833,9 @@ impl Inner {
     async fn write_checkpoint(&self, log_flushed: u64, dispatch_safe: u64, queue_count: usize) -> Result<()> {
         let cp = Checkpoint {
             queue_count: queue_count as u32,
+            crc_required_from: self.log.crc_required_from(),
             physic_msg_timestamp: self.log.flushed_timestamp(),
-            logics_msg_timestamp: self.last_store_ts.get(),
+            logics_msg_timestamp: self.last_dispatched_ts.get(),
             index_msg_timestamp: 0,
             log_flushed_offset: log_flushed,
             dispatch_safe_offset: dispatch_safe,

@@ -13,7 +13,8 @@
 //!   72    8 log_flushed_offset       every record below this was fdatasync'ed
 //!   80    8 dispatch_safe_offset     every ConsumeQueue entry for records below this is on disk
 //!   88    4 queue_count              ConsumeQueues holding entries when this was written
-//!   92    4 crc32 of bytes 64..92
+//!   92    8 crc_required_from        records from here on must carry the record-CRC property
+//!  100    4 crc32 of bytes 64..100
 //! ```
 //! Recovery trusts coremq's part only when its CRC matches; otherwise it falls back to
 //! scanning and dispatching the whole CommitLog (slow, never wrong).
@@ -32,7 +33,8 @@ pub const COREMQ_VERSION: u32 = 1;
 const LOG_FLUSHED_AT: usize = COREMQ_AT + 8;
 const DISPATCH_SAFE_AT: usize = LOG_FLUSHED_AT + 8;
 const QUEUE_COUNT_AT: usize = DISPATCH_SAFE_AT + 8;
-const CRC_AT: usize = QUEUE_COUNT_AT + 4;
+const CRC_REQUIRED_AT: usize = QUEUE_COUNT_AT + 4;
+const CRC_AT: usize = CRC_REQUIRED_AT + 8;
 const _: () = assert!(CONFIRM_AT + 8 <= COREMQ_AT && CRC_AT + 4 <= CHECKPOINT_LEN);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,6 +46,9 @@ pub struct Checkpoint {
     pub dispatch_safe_offset: u64,
     /// Lets recovery notice ConsumeQueue directories that disappeared.
     pub queue_count: u32,
+    /// Records at or after this offset were written with the record-CRC property
+    /// (0 for a store created by coremq; the log end when a RocketMQ store was adopted).
+    pub crc_required_from: u64,
 }
 
 impl Checkpoint {
@@ -59,6 +64,7 @@ impl Checkpoint {
         b[DISPATCH_SAFE_AT..DISPATCH_SAFE_AT + 8]
             .copy_from_slice(&self.dispatch_safe_offset.to_be_bytes());
         b[QUEUE_COUNT_AT..QUEUE_COUNT_AT + 4].copy_from_slice(&self.queue_count.to_be_bytes());
+        b[CRC_REQUIRED_AT..CRC_REQUIRED_AT + 8].copy_from_slice(&self.crc_required_from.to_be_bytes());
         let crc = crc32fast::hash(&b[COREMQ_AT..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         b
@@ -86,6 +92,7 @@ impl Checkpoint {
         cp.log_flushed_offset = be_i64(b, LOG_FLUSHED_AT).ok_or(t)? as u64;
         cp.dispatch_safe_offset = be_i64(b, DISPATCH_SAFE_AT).ok_or(t)? as u64;
         cp.queue_count = be_i32(b, QUEUE_COUNT_AT).ok_or(t)? as u32;
+        cp.crc_required_from = be_i64(b, CRC_REQUIRED_AT).ok_or(t)? as u64;
         Ok((cp, true))
     }
 }
@@ -103,6 +110,7 @@ mod tests {
             log_flushed_offset: 4096,
             dispatch_safe_offset: 2048,
             queue_count: 7,
+            crc_required_from: 0,
         };
         let mut b = cp.encode();
         assert_eq!(Checkpoint::decode(&b), Ok((cp, true)));

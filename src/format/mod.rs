@@ -35,6 +35,8 @@ pub enum Corruption {
     BadUtf8,
     /// A checksum over a metadata structure (checkpoint section) does not match.
     Checksum,
+    /// The record-CRC property is required but absent or damaged.
+    MissingRecordCrc,
 }
 
 impl std::fmt::Display for Corruption {
@@ -57,6 +59,7 @@ impl std::fmt::Display for Corruption {
             }
             Corruption::BadUtf8 => write!(f, "text is not UTF-8"),
             Corruption::Checksum => write!(f, "checksum mismatch"),
+            Corruption::MissingRecordCrc => write!(f, "record-CRC property missing or damaged"),
         }
     }
 }

@@ -301,6 +301,9 @@ pub struct Verify {
     pub at_offset: Option<i64>,
     /// Largest total size accepted (bounds corrupt length fields).
     pub max_total_size: usize,
+    /// With `crc`: the record must end with a record-CRC property (a store that writes
+    /// it sets this, so damage to the property itself cannot switch the check off).
+    pub require_record_crc: bool,
 }
 
 fn read_host(b: &[u8], at: usize, v6: bool) -> Option<(SocketAddr, usize)> {
@@ -424,6 +427,8 @@ pub fn decode(buf: &[u8], verify: Verify) -> Result<Decoded<'_>, Corruption> {
                 return Err(Corruption::RecordCrc { stored, computed });
             }
             record_crc_verified = Some(true);
+        } else if verify.require_record_crc {
+            return Err(Corruption::MissingRecordCrc);
         }
     }
     Ok(Decoded::Record(RecordView {
@@ -485,7 +490,7 @@ mod tests {
         }
     }
 
-    const V: Verify = Verify { crc: true, at_offset: Some(4096), max_total_size: 1 << 20 };
+    const V: Verify = Verify { crc: true, at_offset: Some(4096), max_total_size: 1 << 20, require_record_crc: false };
 
     #[test]
     fn v1_layout_matches_rocketmq_offsets() {
@@ -515,10 +520,11 @@ mod tests {
         let Decoded::Record(r) = decode(&out, V).unwrap() else { panic!() };
         assert_eq!(r.tags(), Some("a"));
         assert_eq!(r.record_crc_verified, Some(true));
+        let strict = Verify { require_record_crc: true, ..V };
         for i in 0..out.len() {
             let mut bad = out.clone();
             bad[i] ^= 0x01;
-            assert!(decode(&bad, V).is_err(), "flip at byte {i} went unnoticed");
+            assert!(decode(&bad, strict).is_err(), "flip at byte {i} went unnoticed");
         }
     }
 
