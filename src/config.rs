@@ -129,10 +129,10 @@ impl StoreConfig {
         let bad = |why: String| Err(Error::Config(why));
         let seg = self.commit_log_segment_bytes;
         let win = self.write_buffer_bytes as u64;
-        if win == 0 || win % PAGE != 0 {
+        if win == 0 || !win.is_multiple_of(PAGE) {
             return bad(format!("write_buffer_bytes {win} must be a positive multiple of 4096"));
         }
-        if seg < win || seg % win != 0 {
+        if seg < win || !seg.is_multiple_of(win) {
             return bad(format!(
                 "commit_log_segment_bytes {seg} must be a multiple of write_buffer_bytes {win}"
             ));
@@ -153,7 +153,7 @@ impl StoreConfig {
         if self.consume_queue_entries_per_file == 0 {
             return bad("consume_queue_entries_per_file must be positive".into());
         }
-        if self.commit_chunk_bytes == 0 || self.commit_chunk_bytes as u64 % PAGE != 0 {
+        if self.commit_chunk_bytes == 0 || !(self.commit_chunk_bytes as u64).is_multiple_of(PAGE) {
             return bad("commit_chunk_bytes must be a positive multiple of 4096".into());
         }
         if self.commit_max_inflight == 0 || self.max_get_count == 0 || self.max_batch_messages == 0 {

@@ -71,7 +71,7 @@ impl File {
 
     /// Writes `data` at `pos`; both must be aligned and `data.len()` a page multiple.
     pub async fn write_aligned(&self, pos: u64, data: &[u8]) -> Result<()> {
-        debug_assert!(pos % PAGE as u64 == 0 && data.len() % PAGE == 0);
+        debug_assert!(pos.is_multiple_of(PAGE as u64) && data.len().is_multiple_of(PAGE));
         let mut buf = self.dma.alloc_dma_buffer(data.len());
         buf.as_bytes_mut().copy_from_slice(data);
         self.write_buf(pos, buf).await
@@ -82,6 +82,25 @@ impl File {
         let n = self
             .dma
             .write_at(buf, pos)
+            .await
+            .map_err(|e| Error::glommio("write", &self.path, pos, e))?;
+        if n != len {
+            return Err(Error::io(
+                "write",
+                &self.path,
+                pos,
+                std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write {n} of {len}")),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes a shared buffer (kept alive by the caller too) at aligned `pos`.
+    pub async fn write_rc(&self, pos: u64, buf: Rc<glommio::io::DmaBuffer>) -> Result<()> {
+        let len = buf.len();
+        let n = self
+            .dma
+            .write_rc_at(buf, pos)
             .await
             .map_err(|e| Error::glommio("write", &self.path, pos, e))?;
         if n != len {
@@ -138,7 +157,10 @@ pub fn parse_offset_name(name: &str) -> Option<u64> {
 
 /// Lists `dir`'s files named by 20-digit offsets, sorted; other names are returned
 /// separately so callers can refuse or ignore them.
-pub fn list_offset_files(dir: &Path) -> Result<(Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
+/// Files named by offset, sorted, and the other entries of a directory.
+pub type OffsetListing = (Vec<(u64, PathBuf)>, Vec<PathBuf>);
+
+pub fn list_offset_files(dir: &Path) -> Result<OffsetListing> {
     let mut named = Vec::new();
     let mut other = Vec::new();
     let rd = match std::fs::read_dir(dir) {

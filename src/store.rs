@@ -103,7 +103,9 @@ fn lock_root(root: &Path) -> Result<std::fs::File> {
         Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path, 0, e)),
     }
     use std::io::Write;
-    (&f).write_all(b"lock").and_then(|_| f.sync_all()).map_err(|e| Error::io("write", &path, 0, e))?;
+    (&f).write_all(b"lock")
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::io("write", &path, 0, e))?;
     Ok(f)
 }
 
@@ -136,15 +138,23 @@ impl Store {
             Err(e) => return Err(Error::io("read", &cp_path, 0, e)),
         };
         let (scan_from, durable_below) = if cp_valid {
-            (cp.dispatch_safe_offset.min(cp.log_flushed_offset), cp.log_flushed_offset)
+            (
+                cp.dispatch_safe_offset.min(cp.log_flushed_offset),
+                cp.log_flushed_offset,
+            )
         } else {
             (0, 0)
         };
         // Which records must carry the record-CRC property: all of a coremq store's
         // (as its checkpoint says); for an adopted RocketMQ store or a lost
         // checkpoint, only those written from now on.
-        let crc_from = if cp_valid { cp.crc_required_from } else { u64::MAX };
-        let (log, scan) = CommitLog::open(cfg.clone(), scan_from, durable_below, !clean, crc_from).await?;
+        let crc_from = if cp_valid {
+            cp.crc_required_from
+        } else {
+            u64::MAX
+        };
+        let (log, scan) =
+            CommitLog::open(cfg.clone(), scan_from, durable_below, !clean, crc_from).await?;
         let log_end = log.written();
         if !cp_valid {
             let fresh = log_end == log.min_offset() && log_end == 0;
@@ -186,7 +196,10 @@ impl Store {
         from = from.max(log.min_offset());
         // Dispatch from the checkpoint; if the queues disagree with it (files lost or
         // damaged), rebuild every queue from the log's first record.
-        let rebuilt = match inner.dispatch_range(from, log_end, from == log.min_offset()).await {
+        let rebuilt = match inner
+            .dispatch_range(from, log_end, from == log.min_offset())
+            .await
+        {
             Ok(n) => n,
             Err(e) if from > log.min_offset() => {
                 tracing::warn!(error = %e, "dispatch from the checkpoint failed; rebuilding queues from the whole log");
@@ -202,7 +215,9 @@ impl Store {
             }
         }
         inner.flush_queues().await?;
-        inner.write_checkpoint(log_end, log_end, inner.queue_count_on_disk()).await?;
+        inner
+            .write_checkpoint(log_end, log_end, inner.queue_count_on_disk())
+            .await?;
         std::fs::write(&abort_path, std::process::id().to_string())
             .and_then(|_| std::fs::File::open(&abort_path)?.sync_all())
             .map_err(|e| Error::io("create", &abort_path, 0, e))?;
@@ -219,7 +234,10 @@ impl Store {
         };
         tracing::info!(root = %root.display(), ?report, "store opened");
         inner.spawn_tasks()?;
-        Ok(Store { inner, report: Rc::new(report) })
+        Ok(Store {
+            inner,
+            report: Rc::new(report),
+        })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -239,11 +257,16 @@ impl Store {
             return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::BatchInvalid));
         };
         if msgs.len() > self.inner.cfg.max_batch_messages
-            || msgs.iter().any(|m| m.topic != first.topic || m.queue_id != first.queue_id)
+            || msgs
+                .iter()
+                .any(|m| m.topic != first.topic || m.queue_id != first.queue_id)
         {
             return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::BatchInvalid));
         }
-        if msgs.iter().any(|m| m.sys_flag & record::SYSFLAG_TRANSACTION_MASK != 0) {
+        if msgs
+            .iter()
+            .any(|m| m.sys_flag & record::SYSFLAG_TRANSACTION_MASK != 0)
+        {
             return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::BatchTransaction));
         }
         self.put_many(msgs).await
@@ -263,7 +286,9 @@ impl Store {
             let mut p = std::mem::take(&mut *inner.props_scratch.borrow_mut());
             p.clear();
             if !properties::encode_into(&m.properties, &mut p) {
-                return PutResult::refused(PutStatus::MessageIllegal(IllegalReason::PropertyInvalid));
+                return PutResult::refused(PutStatus::MessageIllegal(
+                    IllegalReason::PropertyInvalid,
+                ));
             }
             let f = inner.fields(m, &p, 0, 0, 0);
             if f.stored_properties_len() > record::MAX_PROPERTIES_LEN {
@@ -299,17 +324,21 @@ impl Store {
         let ts = inner.store_timestamp();
         let mut phys = placement.start;
         let mut ids = Vec::with_capacity(msgs.len());
-        let mut scratch = inner.scratch.borrow_mut();
-        scratch.clear();
-        for (i, m) in msgs.iter().enumerate() {
-            let f = inner.fields(m, &props_all[i], base_q + i as u64, phys, ts);
-            record::encode(&f, &mut scratch);
-            ids.push(MessageId { store_host: inner.cfg.store_host, offset: phys });
-            phys += lens[i];
+        {
+            let mut scratch = inner.scratch.borrow_mut();
+            scratch.clear();
+            for (i, m) in msgs.iter().enumerate() {
+                let f = inner.fields(m, &props_all[i], base_q + i as u64, phys, ts);
+                record::encode(&f, &mut scratch);
+                ids.push(MessageId {
+                    store_host: inner.cfg.store_host,
+                    offset: phys,
+                });
+                phys += lens[i];
+            }
+            debug_assert_eq!(scratch.len() as u64, total);
+            log.append(placement.start, &scratch, ts);
         }
-        debug_assert_eq!(scratch.len() as u64, total);
-        log.append(placement.start, &scratch, ts);
-        drop(scratch);
         queue.next_put.set(base_q + msgs.len() as u64);
         for p in props_all.into_iter().take(1) {
             *inner.props_scratch.borrow_mut() = p;
@@ -326,7 +355,7 @@ impl Store {
         let wait = first.property(properties::WAIT) != Some("false");
         match inner.cfg.flush_mode {
             FlushMode::Async => {
-                log.wake_writer();
+                // The writer wakes itself when a window seals or its interval passes.
                 inner.dispatch_wake.notify();
             }
             FlushMode::Sync => {
@@ -369,7 +398,9 @@ impl Store {
             max_offset: 0,
             records: Vec::new(),
         };
-        let Some(q) = inner.find_queue(topic, queue_id) else { return Ok(r) };
+        let Some(q) = inner.find_queue(topic, queue_id) else {
+            return Ok(r);
+        };
         let (min, max) = (q.cq.min_offset(), q.cq.max_offset());
         r.min_offset = min;
         r.max_offset = max;
@@ -440,11 +471,14 @@ impl Store {
     /// The raw record at `offset`, verified; `None` if no valid record starts there.
     pub async fn read_record(&self, offset: LogOffset) -> Result<Option<bytes::Bytes>> {
         let log = &self.inner.log;
-        if offset < log.min_offset() || offset + record::MIN_RECORD_LEN as u64 > self.visible_end() {
+        if offset < log.min_offset() || offset + record::MIN_RECORD_LEN as u64 > self.visible_end()
+        {
             return Ok(None);
         }
         let head = log.read(offset, 8).await?;
-        let Ok((size, _)) = record::peek_header(&head) else { return Ok(None) };
+        let Ok((size, _)) = record::peek_header(&head) else {
+            return Ok(None);
+        };
         if size < record::MIN_RECORD_LEN as i32
             || size as usize > self.inner.cfg.max_record_bytes()
             || offset + size as u64 > self.visible_end()
@@ -478,12 +512,18 @@ impl Store {
     }
 
     pub fn min_queue_offset(&self, topic: &str, queue_id: i32) -> QueueOffset {
-        self.inner.find_queue(topic, queue_id).map(|q| q.cq.min_offset()).unwrap_or(0)
+        self.inner
+            .find_queue(topic, queue_id)
+            .map(|q| q.cq.min_offset())
+            .unwrap_or(0)
     }
 
     /// The next queue offset to be consumed-visible (RocketMQ's max offset).
     pub fn max_queue_offset(&self, topic: &str, queue_id: i32) -> QueueOffset {
-        self.inner.find_queue(topic, queue_id).map(|q| q.cq.max_offset()).unwrap_or(0)
+        self.inner
+            .find_queue(topic, queue_id)
+            .map(|q| q.cq.max_offset())
+            .unwrap_or(0)
     }
 
     pub fn min_log_offset(&self) -> LogOffset {
@@ -508,8 +548,14 @@ impl Store {
 
     /// Store time of the message at queue offset `q`.
     async fn store_time_at(&self, cq: &ConsumeQueue, q: u64) -> Result<Option<i64>> {
-        let Some(e) = cq.entry(q).await? else { return Ok(None) };
-        let raw = self.inner.log.read(e.phys_offset as u64, e.size as usize).await?;
+        let Some(e) = cq.entry(q).await? else {
+            return Ok(None);
+        };
+        let raw = self
+            .inner
+            .log
+            .read(e.phys_offset as u64, e.size as usize)
+            .await?;
         let born_v6 = crate::format::be_i32(&raw, record::SYSFLAG_AT).unwrap_or(0)
             & record::SYSFLAG_BORNHOST_V6
             != 0;
@@ -519,8 +565,15 @@ impl Store {
 
     /// The first queue offset whose message was stored at or after `timestamp_ms`
     /// (RocketMQ 5's LOWER boundary), clamped to [min, max].
-    pub async fn queue_offset_by_time(&self, topic: &str, queue_id: i32, timestamp_ms: i64) -> Result<QueueOffset> {
-        let Some(q) = self.inner.find_queue(topic, queue_id) else { return Ok(0) };
+    pub async fn queue_offset_by_time(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        timestamp_ms: i64,
+    ) -> Result<QueueOffset> {
+        let Some(q) = self.inner.find_queue(topic, queue_id) else {
+            return Ok(0);
+        };
         let (mut lo, mut hi) = (q.cq.min_offset(), q.cq.max_offset());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
@@ -534,11 +587,16 @@ impl Store {
 
     /// Store time of the queue's first message, or -1 when it has none.
     pub async fn earliest_message_time(&self, topic: &str, queue_id: i32) -> Result<i64> {
-        let Some(q) = self.inner.find_queue(topic, queue_id) else { return Ok(-1) };
+        let Some(q) = self.inner.find_queue(topic, queue_id) else {
+            return Ok(-1);
+        };
         if q.cq.min_offset() >= q.cq.max_offset() {
             return Ok(-1);
         }
-        Ok(self.store_time_at(&q.cq, q.cq.min_offset()).await?.unwrap_or(-1))
+        Ok(self
+            .store_time_at(&q.cq, q.cq.min_offset())
+            .await?
+            .unwrap_or(-1))
     }
 
     /// Every (topic, queue id) this store holds.
@@ -577,7 +635,11 @@ impl Store {
 
     /// Why the store stopped taking writes, if it did.
     pub fn failure(&self) -> Option<String> {
-        self.inner.failed.borrow().clone().or_else(|| self.inner.log.failure())
+        self.inner
+            .failed
+            .borrow()
+            .clone()
+            .or_else(|| self.inner.log.failure())
     }
 
     /// Clean shutdown: refuse new puts, write and flush everything, bring the queues
@@ -602,7 +664,9 @@ impl Store {
         }
         let end = inner.log.written();
         inner.flush_queues().await?;
-        inner.write_checkpoint(end, end, inner.queue_count_on_disk()).await?;
+        inner
+            .write_checkpoint(end, end, inner.queue_count_on_disk())
+            .await?;
         let abort = inner.cfg.root.join("abort");
         std::fs::remove_file(&abort).map_err(|e| Error::io("remove", &abort, 0, e))?;
         io::sync_dir(&inner.cfg.root)?;
@@ -618,7 +682,11 @@ impl Inner {
         if m.topic.is_empty() {
             return illegal(TopicEmpty);
         }
-        let max_topic = if m.topic.starts_with("%RETRY%") { 255 } else { self.cfg.max_topic_len };
+        let max_topic = if m.topic.starts_with("%RETRY%") {
+            255
+        } else {
+            self.cfg.max_topic_len
+        };
         if m.topic.len() > max_topic {
             return illegal(TopicTooLong);
         }
@@ -634,7 +702,14 @@ impl Inner {
         None
     }
 
-    fn fields<'a>(&self, m: &'a Message, props: &'a [u8], q: u64, phys: u64, ts: i64) -> RecordFields<'a> {
+    fn fields<'a>(
+        &self,
+        m: &'a Message,
+        props: &'a [u8],
+        q: u64,
+        phys: u64,
+        ts: i64,
+    ) -> RecordFields<'a> {
         RecordFields {
             topic: &m.topic,
             queue_id: m.queue_id,
@@ -675,7 +750,10 @@ impl Inner {
             queue_id,
             self.cfg.consume_queue_entries_per_file,
         ));
-        let q = Rc::new(Queue { cq, next_put: Cell::new(0) });
+        let q = Rc::new(Queue {
+            cq,
+            next_put: Cell::new(0),
+        });
         self.queues
             .borrow_mut()
             .entry(topic.to_string())
@@ -693,11 +771,14 @@ impl Inner {
         };
         for t in topics {
             let t = t.map_err(|e| Error::io("list", &cq_root, 0, e))?;
-            let Some(topic) = t.file_name().to_str().map(str::to_string) else { continue };
+            let Some(topic) = t.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
             if !t.path().is_dir() {
                 continue;
             }
-            let qdirs = std::fs::read_dir(t.path()).map_err(|e| Error::io("list", t.path(), 0, e))?;
+            let qdirs =
+                std::fs::read_dir(t.path()).map_err(|e| Error::io("list", t.path(), 0, e))?;
             for qd in qdirs {
                 let qd = qd.map_err(|e| Error::io("list", t.path(), 0, e))?;
                 let Some(qid) = qd.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -722,7 +803,8 @@ impl Inner {
             let len = (to.min(seg_end) - pos).min(1 << 20).max(8.min(to - pos)) as usize;
             let mut buf = self.log.read(pos, len).await?;
             let (size, _) = record::peek_header(&buf).unwrap_or((0, 0));
-            if size as usize > buf.len() && (size as usize) <= max_total && pos + size as u64 <= to {
+            if size as usize > buf.len() && (size as usize) <= max_total && pos + size as u64 <= to
+            {
                 buf = self.log.read(pos, size as usize).await?;
             }
             let mut at = 0usize;
@@ -773,7 +855,12 @@ impl Inner {
             Placed::Appended => Ok(true),
             Placed::Duplicate => Ok(false),
             Placed::Gap { expected } => Err(Error::Corrupt {
-                path: self.cfg.root.join("consumequeue").join(r.topic).join(r.queue_id.to_string()),
+                path: self
+                    .cfg
+                    .root
+                    .join("consumequeue")
+                    .join(r.topic)
+                    .join(r.queue_id.to_string()),
                 offset: expected,
                 kind: crate::format::Corruption::BadLength(r.queue_offset),
                 detail: Some(format!(
@@ -785,8 +872,12 @@ impl Inner {
     }
 
     async fn flush_queues(&self) -> Result<()> {
-        let queues: Vec<Rc<Queue>> =
-            self.queues.borrow().values().flat_map(|m| m.values().cloned()).collect();
+        let queues: Vec<Rc<Queue>> = self
+            .queues
+            .borrow()
+            .values()
+            .flat_map(|m| m.values().cloned())
+            .collect();
         for q in queues {
             if q.cq.is_dirty() {
                 q.cq.flush().await?;
@@ -826,11 +917,21 @@ impl Inner {
 
     /// Queues that hold at least one entry (in files or in memory).
     fn queue_count_on_disk(&self) -> usize {
-        self.queues.borrow().values().flat_map(|m| m.values()).filter(|q| q.cq.max_offset() > 0).count()
+        self.queues
+            .borrow()
+            .values()
+            .flat_map(|m| m.values())
+            .filter(|q| q.cq.max_offset() > 0)
+            .count()
     }
 
     /// `queue_count` must be counted when `dispatch_safe` was read.
-    async fn write_checkpoint(&self, log_flushed: u64, dispatch_safe: u64, queue_count: usize) -> Result<()> {
+    async fn write_checkpoint(
+        &self,
+        log_flushed: u64,
+        dispatch_safe: u64,
+        queue_count: usize,
+    ) -> Result<()> {
         let cp = Checkpoint {
             queue_count: queue_count as u32,
             crc_required_from: self.log.crc_required_from(),
@@ -852,17 +953,34 @@ impl Inner {
         let tq = |name: &str, shares: usize| {
             executor().create_task_queue(Shares::Static(shares), Latency::NotImportant, name)
         };
-        let spawn = |name: &str, shares: usize, fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>| {
-            glommio::spawn_local_into(fut, tq(name, shares))
-                .map(|t| t.detach())
-                .map_err(|e| Error::Config(format!("cannot spawn {name}: {e}")))
-        };
-        let writer = spawn("commit-log-writer", 1000, Box::pin(self.log.clone().run_writer()))?;
+        let spawn =
+            |name: &str,
+             shares: usize,
+             fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>| {
+                glommio::spawn_local_into(fut, tq(name, shares))
+                    .map(|t| t.detach())
+                    .map_err(|e| Error::Config(format!("cannot spawn {name}: {e}")))
+            };
+        let writer = spawn(
+            "commit-log-writer",
+            1000,
+            Box::pin(self.log.clone().run_writer()),
+        )?;
         let me = self.clone();
-        let dispatcher = spawn("dispatch", 500, Box::pin(async move { me.run_dispatcher().await }))?;
+        let dispatcher = spawn(
+            "dispatch",
+            500,
+            Box::pin(async move { me.run_dispatcher().await }),
+        )?;
         let me = self.clone();
-        let flusher = spawn("cq-flush", 100, Box::pin(async move { me.run_queue_flusher().await }))?;
-        self.tasks.borrow_mut().extend([writer, dispatcher, flusher]);
+        let flusher = spawn(
+            "cq-flush",
+            100,
+            Box::pin(async move { me.run_queue_flusher().await }),
+        )?;
+        self.tasks
+            .borrow_mut()
+            .extend([writer, dispatcher, flusher]);
         Ok(())
     }
 
@@ -887,10 +1005,11 @@ impl Inner {
                 glommio::yield_if_needed().await;
                 continue;
             }
-            if self.state.get() != State::Running && (self.log.failure().is_some() || to >= self.log.written()) {
-                if self.log.flushed.get() >= self.log.written() || self.log.failure().is_some() {
-                    return;
-                }
+            // Stopping: exit once everything written is flushed and dispatched.
+            let log_done =
+                self.log.failure().is_some() || self.log.flushed.get() >= self.log.written();
+            if self.state.get() != State::Running && log_done && to >= self.log.written() {
+                return;
             }
             let flushed = self.log.flushed.wait_for(to + 1);
             futures_lite::future::or(
@@ -918,7 +1037,8 @@ impl Inner {
             let queue_count = self.queue_count_on_disk();
             let r = async {
                 self.flush_queues().await?;
-                self.write_checkpoint(log_flushed, dispatch_safe, queue_count).await
+                self.write_checkpoint(log_flushed, dispatch_safe, queue_count)
+                    .await
             }
             .await;
             if let Err(e) = r {

@@ -402,10 +402,8 @@ pub fn decode(buf: &[u8], verify: Verify) -> Result<Decoded<'_>, Corruption> {
     if computed != size as i64 {
         return Err(Corruption::SizeMismatch { stored: size, computed });
     }
-    if let Some(expected) = verify.at_offset {
-        if expected != phys_offset {
-            return Err(Corruption::WrongOffset { stored: phys_offset });
-        }
+    if verify.at_offset.is_some_and(|expected| expected != phys_offset) {
+        return Err(Corruption::WrongOffset { stored: phys_offset });
     }
     let topic = std::str::from_utf8(topic_bytes).map_err(|_| Corruption::BadUtf8)?;
     let mut record_crc_verified = None;
