@@ -178,7 +178,7 @@ impl CommitLog {
             expected = Some(start + seg_bytes);
             segments.insert(start, File::open(&path, false).await?);
         }
-        let min_offset = segments.keys().next().copied().unwrap_or(0);
+        let min_offset = segments.keys().next().copied().unwrap_or(cfg.log_base_offset);
         let win_bytes = cfg.write_buffer_bytes as u64;
         let log = Rc::new(CommitLog {
             dir,

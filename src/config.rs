@@ -70,6 +70,10 @@ pub struct StoreConfig {
     pub max_batch_messages: usize,
     /// Largest `max_count` honoured by `get` (RocketMQ caps pulls at 32 by default).
     pub max_get_count: usize,
+    /// Commit-log offset of an empty log's first record. A sharded store gives shard
+    /// `i` the base `i << 56`, so a commit-log offset (and a message id) names its
+    /// shard; a single store, like RocketMQ, starts at 0.
+    pub log_base_offset: u64,
 }
 
 pub const PAGE: u64 = 4096;
@@ -99,6 +103,7 @@ impl StoreConfig {
             store_host: SocketAddrV4::new([127, 0, 0, 1].into(), 10911),
             max_batch_messages: 4096,
             max_get_count: 1024,
+            log_base_offset: 0,
         }
     }
 
@@ -161,6 +166,12 @@ impl StoreConfig {
         }
         if self.max_topic_len == 0 || self.max_topic_len > 255 {
             return bad("max_topic_len must be within 1..=255".into());
+        }
+        if !self.log_base_offset.is_multiple_of(seg) || self.log_base_offset >= 1 << 63 {
+            return bad(format!(
+                "log_base_offset {} must be a multiple of the segment size below 2^63",
+                self.log_base_offset
+            ));
         }
         if self.max_queue_id_exclusive <= 0 {
             return bad("max_queue_id_exclusive must be positive".into());

@@ -36,6 +36,10 @@ pub enum Error {
     Failed(String),
     #[error("the store is shut down")]
     ShutDown,
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("shard {shard} is unavailable: {why}")]
+    ShardUnavailable { shard: usize, why: String },
 }
 
 impl Error {

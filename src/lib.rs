@@ -16,6 +16,7 @@ pub mod format;
 pub mod inspect;
 pub mod io;
 pub mod message;
+pub mod shard;
 pub mod store;
 mod sync;
 
@@ -25,6 +26,7 @@ pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,
     StoredMessage,
 };
+pub use shard::{Handle, ShardContext, ShardStatus, ShardedConfig, ShardedStore};
 pub use store::{OpenReport, Store};
 
 /// Milliseconds since the Unix epoch.

@@ -88,7 +88,8 @@ pub struct Store {
     pub report: Rc<OpenReport>,
 }
 
-fn lock_root(root: &Path) -> Result<std::fs::File> {
+/// Takes the exclusive lock on `<root>/lock` (RocketMQ's "MQ already started" guard).
+pub(crate) fn lock_root(root: &Path) -> Result<std::fs::File> {
     let path = root.join("lock");
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -157,7 +158,7 @@ impl Store {
             CommitLog::open(cfg.clone(), scan_from, durable_below, !clean, crc_from).await?;
         let log_end = log.written();
         if !cp_valid {
-            let fresh = log_end == log.min_offset() && log_end == 0;
+            let fresh = log_end == log.min_offset();
             log.set_crc_required_from(if fresh { 0 } else { log_end });
         }
         let checkpoint = File::open(&cp_path, true).await?;

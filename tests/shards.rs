@@ -1,0 +1,204 @@
+//! The sharded store: ownership, routing from outside threads and from shard-local
+//! tasks, message ids naming shards, batches across shards, restarts, refusal of a
+//! different shard count, and one shard dying while the others serve.
+mod common;
+use common::body;
+use coremq::shard::{SHARD_SHIFT, shard_of};
+use coremq::{
+    Error, GetStatus, Message, PutStatus, ShardedConfig, ShardedStore, StoreConfig, StoredMessage,
+};
+use futures_lite::future::block_on;
+
+fn config(root: &std::path::Path, shards: usize) -> ShardedConfig {
+    let mut cfg = ShardedConfig::new(root);
+    cfg.shards = shards;
+    cfg.store = StoreConfig::small_for_tests(root);
+    cfg
+}
+
+const TOPICS: [&str; 3] = ["Orders", "Payments", "Audit"];
+const QUEUES: i32 = 8;
+
+fn message(t: &str, q: i32, i: u64) -> Message {
+    Message::new(t, q, body(t, q, i)).with_tags("x").with_keys(format!("k{i}"))
+}
+
+/// Reads a whole queue through the handle.
+fn read_queue(h: &coremq::Handle, t: &str, q: i32) -> Vec<StoredMessage> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    loop {
+        let r = block_on(h.get(t, q, off, 32, 1 << 20)).unwrap();
+        match r.status {
+            GetStatus::Found => {
+                out.extend(r.records.iter().map(|raw| StoredMessage::decode(raw).unwrap()));
+                off = r.next_begin_offset;
+            }
+            GetStatus::OffsetOverflowOne | GetStatus::NoMessageInQueue | GetStatus::NoMatchedLogicQueue => {
+                return out;
+            }
+            s => panic!("{s:?}"),
+        }
+    }
+}
+
+#[test]
+fn ownership_is_stable_and_spreads() {
+    // Pinned values: changing the hash would move queues away from their data.
+    assert_eq!(shard_of("Orders", 0, 2), shard_of("Orders", 0, 2));
+    let spread: std::collections::HashSet<usize> =
+        (0..QUEUES).map(|q| shard_of("Orders", q, 4)).collect();
+    assert!(spread.len() >= 3, "8 queues should land on most of 4 shards: {spread:?}");
+    let mut h = crc32fast::Hasher::new();
+    h.update(b"Orders\0\0\0\0\x03");
+    assert_eq!(shard_of("Orders", 3, 7), h.finalize() as usize % 7);
+}
+
+#[test]
+fn puts_from_threads_and_shard_tasks_then_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let store = ShardedStore::open(config(root, 2)).unwrap();
+    let h = store.handle();
+    // Producers on plain threads, one per topic.
+    let threads: Vec<_> = TOPICS
+        .iter()
+        .map(|t| {
+            let h = h.clone();
+            let t = t.to_string();
+            std::thread::spawn(move || {
+                for i in 0..120u64 {
+                    let q = (i % QUEUES as u64) as i32;
+                    let r = block_on(h.put(message(&t, q, i)));
+                    assert_eq!(r.status, PutStatus::PutOk);
+                    assert_eq!(r.queue_offset, i / QUEUES as u64);
+                    let shard = (r.log_offset >> SHARD_SHIFT) as usize;
+                    assert_eq!(shard, h.shard_of(&t, q), "offset names the owning shard");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Shard-local tasks put into every queue: local ones with no hop, others routed.
+    for shard in 0..2 {
+        let (local, routed) = block_on(h.run_on(shard, move |ctx| async move {
+            let (mut local, mut routed) = (0, 0);
+            for q in 0..QUEUES {
+                let owned = ctx.owns("Local", q);
+                let r = ctx.put(message("Local", q, shard as u64)).await;
+                assert_eq!(r.status, PutStatus::PutOk);
+                if owned { local += 1 } else { routed += 1 }
+            }
+            (local, routed)
+        }))
+        .unwrap();
+        assert_eq!(local + routed, QUEUES);
+    }
+    block_on(h.wait_dispatched()).unwrap();
+    let check = |h: &coremq::Handle| {
+        let mut shards_used = std::collections::HashSet::new();
+        for t in TOPICS {
+            for q in 0..QUEUES {
+                let msgs = read_queue(h, t, q);
+                assert_eq!(msgs.len(), 15, "{t}/{q}");
+                for (n, m) in msgs.iter().enumerate() {
+                    let i = n as u64 * QUEUES as u64 + q as u64;
+                    assert_eq!(&m.body[..], &body(t, q, i)[..]);
+                    let id = m.msg_id.unwrap().to_string();
+                    let by_id = block_on(h.look_by_msg_id(&id)).unwrap().expect("found by id");
+                    assert_eq!(by_id.body, m.body);
+                    shards_used.insert((m.log_offset >> SHARD_SHIFT) as usize);
+                }
+            }
+        }
+        assert_eq!(shards_used.len(), 2, "both shards hold data");
+        for q in 0..QUEUES {
+            assert_eq!(read_queue(h, "Local", q).len(), 2);
+        }
+    };
+    check(&h);
+    store.shutdown().unwrap();
+    assert!(root.join("shard-0/commitlog").is_dir() && root.join("shard-1/commitlog").is_dir());
+    assert!(!root.join("shard-0/abort").exists());
+
+    // Same count: everything is back. Another count: refused, data untouched.
+    let err = ShardedStore::open(config(root, 3)).err().expect("refused");
+    assert!(matches!(err, Error::Config(ref m) if m.contains("2 shards")), "{err}");
+    let store = ShardedStore::open(config(root, 2)).unwrap();
+    check(&store.handle());
+    store.shutdown().unwrap();
+}
+
+#[test]
+fn batch_across_shards_keeps_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ShardedStore::open(config(dir.path(), 2)).unwrap();
+    let h = store.handle();
+    let msgs: Vec<Message> = (0..40u64).map(|i| message("Mixed", (i % 5) as i32, i)).collect();
+    let results = block_on(h.put_batch(msgs));
+    assert_eq!(results.len(), 40);
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r.status, PutStatus::PutOk);
+        assert_eq!(r.queue_offset, i as u64 / 5, "message {i}");
+        assert_eq!(r.msg_ids.len(), 1);
+        assert_eq!(r.log_offset, r.msg_ids[0].offset);
+    }
+    block_on(h.wait_dispatched()).unwrap();
+    for (i, r) in results.iter().enumerate() {
+        let m = block_on(h.look_by_offset(r.log_offset)).unwrap().unwrap();
+        assert_eq!(&m.body[..], &body("Mixed", (i % 5) as i32, i as u64)[..]);
+    }
+    store.shutdown().unwrap();
+}
+
+#[test]
+fn bad_ids_and_requests_after_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ShardedStore::open(config(dir.path(), 2)).unwrap();
+    let h = store.handle();
+    for bad in ["", "xyz", &"G".repeat(32), &"0".repeat(31)] {
+        assert!(matches!(block_on(h.look_by_msg_id(bad)), Err(Error::BadRequest(_))), "{bad:?}");
+    }
+    // A well-formed id naming shard 5 of a 2-shard store.
+    let id = coremq::format::msg_id::MessageId {
+        store_host: "127.0.0.1:10911".parse().unwrap(),
+        offset: 5 << SHARD_SHIFT,
+    };
+    let err = block_on(h.look_by_msg_id(&id.to_string())).unwrap_err();
+    assert!(matches!(err, Error::BadRequest(ref m) if m.contains("shard 5")), "{err}");
+    // A valid shard but no record there.
+    let id = coremq::format::msg_id::MessageId { offset: 1 << SHARD_SHIFT, ..id };
+    assert!(block_on(h.look_by_msg_id(&id.to_string())).unwrap().is_none());
+    store.shutdown().unwrap();
+    assert_eq!(block_on(h.put(message("T", 0, 0))).status, PutStatus::ServiceNotAvailable);
+    assert!(matches!(block_on(h.get("T", 0, 0, 1, 1 << 20)), Err(Error::ShutDown)));
+}
+
+#[test]
+fn a_dead_shard_does_not_stop_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ShardedStore::open(config(dir.path(), 2)).unwrap();
+    let h = store.handle();
+    let (dead_q, live_q) = {
+        let d = (0..QUEUES).find(|q| h.shard_of("T", *q) == 1).unwrap();
+        let l = (0..QUEUES).find(|q| h.shard_of("T", *q) == 0).unwrap();
+        (d, l)
+    };
+    assert_eq!(block_on(h.put(message("T", dead_q, 0))).status, PutStatus::PutOk);
+    // Kill shard 1's thread: a task that panics takes its executor down.
+    let _ = block_on(h.run_on(1, |_ctx| async { panic!("simulated shard crash") }));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(block_on(h.put(message("T", dead_q, 1))).status, PutStatus::ServiceNotAvailable);
+    let err = block_on(h.get("T", dead_q, 0, 1, 1 << 20)).unwrap_err();
+    assert!(matches!(err, Error::ShardUnavailable { shard: 1, .. }), "{err}");
+    for i in 0..10 {
+        assert_eq!(block_on(h.put(message("T", live_q, i))).status, PutStatus::PutOk);
+    }
+    // wait_dispatched() would report the dead shard; wait for shard 0 alone.
+    block_on(h.run_on(0, |ctx| async move { ctx.store.wait_dispatched().await })).unwrap();
+    assert_eq!(read_queue(&h, "T", live_q).len(), 10);
+    assert!(store.shutdown().is_err(), "shutdown reports the dead shard");
+}
+
