@@ -134,7 +134,7 @@ impl CommitLog {
         cfg: Rc<StoreConfig>,
         scan_from: u64,
         durable_below: u64,
-        scan_whole_tail: bool,
+        trust_end: bool,
         crc_required_from: u64,
     ) -> Result<(Rc<CommitLog>, ScanReport)> {
         let dir = cfg.root.join("commitlog");
@@ -204,10 +204,21 @@ impl CommitLog {
             crc_required_from: Cell::new(crc_required_from),
             cfg,
         });
-        let report = log
-            .scan(scan_from.max(min_offset), durable_below, scan_whole_tail)
-            .await?;
+        // Re-verify at least the segment holding the last flushed byte on every open
+        // (RocketMQ re-checks its last files too): damage there is refused, not served.
+        let verify_from = log.segment_start(durable_below.saturating_sub(1)).max(min_offset);
+        let scan_from = scan_from.max(min_offset).min(verify_from);
+        let report = log.scan(scan_from, durable_below, trust_end).await?;
         log.set_end(report.end).await?;
+        // What recovery kept may not have been fdatasync'ed before the crash; make it
+        // durable before the checkpoint says it is.
+        let mut seg = log.segment_start(scan_from);
+        while seg <= log.segment_start(report.end) {
+            if let Some(f) = log.segment_file(seg) {
+                f.sync().await?;
+            }
+            seg += log.seg_bytes;
+        }
         Ok((log, report))
     }
 
@@ -259,7 +270,7 @@ impl CommitLog {
         &self,
         from: u64,
         durable_below: u64,
-        scan_whole_tail: bool,
+        trust_end: bool,
     ) -> Result<ScanReport> {
         let chunk = (8 << 20).max(self.cfg.max_record_bytes() * 2);
         let max_total = self.cfg.max_record_bytes();
@@ -294,6 +305,11 @@ impl CommitLog {
             };
             match record::decode(&buf[at..], verify) {
                 Ok(Decoded::Record(r)) => {
+                    if r.record_crc_verified == Some(true) && self.crc_required_from.get() == u64::MAX {
+                        // Without a checkpoint, learn from the log: once a record
+                        // carries the record-CRC property, all later ones must.
+                        self.crc_required_from.set(pos);
+                    }
                     report.records += 1;
                     self.last_put_ts.set(r.store_timestamp);
                     pos += r.total_size as u64;
@@ -323,12 +339,12 @@ impl CommitLog {
                 )),
             });
         }
-        let is_end_of_data = kind == Corruption::BadMagic(0) && !scan_whole_tail;
-        let (found, last_nonzero) = if is_end_of_data {
-            (None, None)
-        } else {
-            self.resync_scan(bad_at).await?
-        };
+        // Never-written bytes exactly where a clean shutdown's checkpoint says the log
+        // ends are the normal end: only later segments need a look (cheap: holes are
+        // skipped). Anything else gets the full look past the bad record.
+        let is_end_of_data = kind == Corruption::BadMagic(0) && trust_end && bad_at == durable_below;
+        let look_from = if is_end_of_data { self.segment_start(bad_at) + self.seg_bytes } else { bad_at + 1 };
+        let (found, last_nonzero) = self.resync_scan(look_from).await?;
         if let Some(valid_at) = found {
             return Err(Error::Corrupt {
                 path,
@@ -351,17 +367,33 @@ impl CommitLog {
     /// Looks past a bad record for any valid record (which would make the damage
     /// interior) and for the last non-zero byte (junk to erase). Reads the rest of the
     /// bad record's segment and every later segment.
-    async fn resync_scan(&self, bad_at: u64) -> Result<(Option<u64>, Option<u64>)> {
+    async fn resync_scan(&self, from: u64) -> Result<(Option<u64>, Option<u64>)> {
         let max_total = self.cfg.max_record_bytes();
         let chunk = 8 << 20;
         let last_seg = *self.segments.borrow().keys().next_back().unwrap_or(&0);
         let end = last_seg + self.seg_bytes;
-        let mut pos = bad_at + 1;
+        let mut pos = from;
         let mut last_nonzero = None;
         let magic_v1 = record::MAGIC_V1.to_be_bytes();
         let magic_v2 = record::MAGIC_V2.to_be_bytes();
         while pos < end {
-            let seg_end = self.segment_start(pos) + self.seg_bytes;
+            let seg = self.segment_start(pos);
+            let seg_end = seg + self.seg_bytes;
+            if self.segment_file(seg).is_none() {
+                pos = seg_end;
+                continue;
+            }
+            // Skip holes: a sparse segment's unwritten part cannot hide a record.
+            match io::next_data(&self.segment_path(seg), pos - seg)? {
+                None => {
+                    pos = seg_end;
+                    continue;
+                }
+                Some(d) => pos = pos.max(seg + d),
+            }
+            if pos >= seg_end {
+                continue;
+            }
             let len = ((seg_end - pos) as usize).min(chunk + max_total);
             let buf = self.read_files(pos, len).await?;
             if let Some(i) = buf.iter().rposition(|b| *b != 0) {

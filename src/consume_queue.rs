@@ -121,10 +121,22 @@ impl ConsumeQueue {
         let Some((&last_first, _)) = self.files.borrow().iter().next_back() else {
             return Ok(());
         };
-        // Scan the last file (and the one before it if the last holds nothing).
+        // Files must follow each other with no gap: a missing file in the middle
+        // means lost entries (the store then rebuilds this queue from the log).
+        let firsts: Vec<u64> = self.files.borrow().keys().copied().collect();
+        if let Some(w) = firsts.windows(2).find(|w| w[1] != w[0] + self.entries_per_file) {
+            return Err(Error::Corrupt {
+                path: self.file_path(w[0] + self.entries_per_file),
+                offset: 0,
+                kind: crate::format::Corruption::Truncated,
+                detail: Some("consume-queue file missing between two others".into()),
+            });
+        }
+        // From the last file backwards: the end is in the last file that still holds
+        // an entry whose record lies within the recovered log (a lost log tail can
+        // take several queue files with it).
         let mut end = None;
-        let firsts: Vec<u64> = self.files.borrow().keys().rev().take(2).copied().collect();
-        for first in firsts {
+        for &first in firsts.iter().rev() {
             let file = self.files.borrow()[&first].clone();
             let data = file.read(0, self.file_bytes as usize).await?;
             let mut n = 0u64;
@@ -143,7 +155,7 @@ impl ConsumeQueue {
                 }
                 n += 1;
             }
-            if n > 0 || first == *self.files.borrow().keys().next().unwrap() {
+            if n > 0 || first == firsts[0] {
                 end = Some((first, n, last_end));
                 break;
             }

@@ -179,3 +179,23 @@ pub fn list_offset_files(dir: &Path) -> Result<OffsetListing> {
     named.sort();
     Ok((named, other))
 }
+
+/// The first offset at or after `from` holding data (not a hole) in the file at
+/// `path`, or `None` when only holes follow (`lseek(SEEK_DATA)`). Lets recovery skip
+/// the unwritten, sparse part of a preallocated segment without reading it.
+pub fn next_data(path: &Path, from: u64) -> Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).map_err(|e| Error::io("open", path, from, e))?;
+    // SAFETY: lseek on a file descriptor we own; no memory is passed.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), from as libc::off_t, libc::SEEK_DATA) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENXIO) => Ok(None),
+        // Filesystems without SEEK_DATA: treat everything as data.
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some(from)),
+        _ => Err(Error::io("seek data", path, from, e)),
+    }
+}

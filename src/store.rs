@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::{CHECKPOINT_LEN, Checkpoint};
 use crate::format::consume_queue::CqEntry;
 use crate::format::java::tags_code;
+use crate::format::manifest::QueueManifest;
 use crate::format::msg_id::MessageId;
 use crate::format::properties;
 use crate::format::record::{self, Decoded, RecordFields, Verify};
@@ -64,7 +65,8 @@ struct Inner {
     failed: RefCell<Option<String>>,
     checkpoint: Rc<File>,
     tasks: RefCell<Vec<glommio::task::JoinHandle<()>>>,
-    _lock: std::fs::File,
+    /// Released by `shutdown` even while clones of the handle live on.
+    lock: RefCell<Option<std::fs::File>>,
 }
 
 /// What `open` found and did, for logs and tests.
@@ -82,10 +84,31 @@ pub struct OpenReport {
 }
 
 /// A shard-local store handle (cheap to clone; not `Send`: use it on its executor).
+///
+/// Dropping the last handle without `shutdown` stops the background tasks after they
+/// write out what they hold; `abort` stays, so the next open recovers as after a crash.
 #[derive(Clone)]
 pub struct Store {
     inner: Rc<Inner>,
     pub report: Rc<OpenReport>,
+    _owner: Rc<Owner>,
+}
+
+/// Shared by every `Store` clone but not by the background tasks: when the last
+/// clone goes, the tasks are told to stop, so nothing keeps the store alive.
+struct Owner(Rc<Inner>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let inner = &self.0;
+        if inner.state.get() == State::Running {
+            tracing::warn!(root = %inner.cfg.root.display(), "store dropped without shutdown");
+            inner.state.set(State::Stopping);
+            inner.log.stop_writer();
+            inner.dispatch_wake.notify();
+            inner.flusher_wake.notify();
+        }
+    }
 }
 
 /// Takes the exclusive lock on `<root>/lock` (RocketMQ's "MQ already started" guard).
@@ -155,11 +178,12 @@ impl Store {
             u64::MAX
         };
         let (log, scan) =
-            CommitLog::open(cfg.clone(), scan_from, durable_below, !clean, crc_from).await?;
+            CommitLog::open(cfg.clone(), scan_from, durable_below, clean && cp_valid, crc_from).await?;
         let log_end = log.written();
-        if !cp_valid {
-            let fresh = log_end == log.min_offset();
-            log.set_crc_required_from(if fresh { 0 } else { log_end });
+        if log.crc_required_from() == u64::MAX {
+            // Nothing told us (no checkpoint, no record carried the property): require
+            // it of everything written from now on.
+            log.set_crc_required_from(log_end);
         }
         let checkpoint = File::open(&cp_path, true).await?;
         let inner = Rc::new(Inner {
@@ -177,11 +201,13 @@ impl Store {
             failed: RefCell::new(None),
             checkpoint,
             tasks: RefCell::new(Vec::new()),
-            _lock: lock,
+            lock: RefCell::new(Some(lock)),
         });
-        inner.load_queues(log.min_offset(), log_end).await?;
-        let loaded = inner.queue_count_on_disk();
-        let queues_lost = cp_valid && (loaded as u32) < cp.queue_count;
+        let queues_damaged = inner.load_queues(log.min_offset(), log_end).await?;
+        let loaded = inner.manifest(0).queues.len();
+        let queues_lost = queues_damaged
+            || (cp_valid && (loaded as u32) < cp.queue_count)
+            || (cp_valid && inner.queues_shorter_than_manifest(&cp, log_end));
         if queues_lost {
             tracing::warn!(
                 loaded,
@@ -216,9 +242,7 @@ impl Store {
             }
         }
         inner.flush_queues().await?;
-        inner
-            .write_checkpoint(log_end, log_end, inner.queue_count_on_disk())
-            .await?;
+        inner.write_checkpoint(log_end, inner.manifest(log_end)).await?;
         std::fs::write(&abort_path, std::process::id().to_string())
             .and_then(|_| std::fs::File::open(&abort_path)?.sync_all())
             .map_err(|e| Error::io("create", &abort_path, 0, e))?;
@@ -235,10 +259,7 @@ impl Store {
         };
         tracing::info!(root = %root.display(), ?report, "store opened");
         inner.spawn_tasks()?;
-        Ok(Store {
-            inner,
-            report: Rc::new(report),
-        })
+        Ok(Store { _owner: Rc::new(Owner(inner.clone())), inner, report: Rc::new(report) })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -321,7 +342,12 @@ impl Store {
         }
         let first = &msgs[0];
         let queue = inner.queue(&first.topic, first.queue_id);
-        let base_q = queue.next_put.get();
+        // Prepared and rolled-back transaction records get no ConsumeQueue entry, so
+        // (as in RocketMQ) they carry queue offset 0 and do not advance the queue.
+        let tx_type = first.sys_flag & record::SYSFLAG_TRANSACTION_MASK;
+        let in_queue = tx_type != record::SYSFLAG_TRANSACTION_PREPARED
+            && tx_type != record::SYSFLAG_TRANSACTION_ROLLBACK;
+        let base_q = if in_queue { queue.next_put.get() } else { 0 };
         let ts = inner.store_timestamp();
         let mut phys = placement.start;
         let mut ids = Vec::with_capacity(msgs.len());
@@ -329,7 +355,8 @@ impl Store {
             let mut scratch = inner.scratch.borrow_mut();
             scratch.clear();
             for (i, m) in msgs.iter().enumerate() {
-                let f = inner.fields(m, &props_all[i], base_q + i as u64, phys, ts);
+                let q = if in_queue { base_q + i as u64 } else { 0 };
+                let f = inner.fields(m, &props_all[i], q, phys, ts);
                 record::encode(&f, &mut scratch);
                 ids.push(MessageId {
                     store_host: inner.cfg.store_host,
@@ -340,7 +367,9 @@ impl Store {
             debug_assert_eq!(scratch.len() as u64, total);
             log.append(placement.start, &scratch, ts);
         }
-        queue.next_put.set(base_q + msgs.len() as u64);
+        if in_queue {
+            queue.next_put.set(base_q + msgs.len() as u64);
+        }
         for p in props_all.into_iter().take(1) {
             *inner.props_scratch.borrow_mut() = p;
         }
@@ -353,6 +382,9 @@ impl Store {
             msg_ids: ids,
             store_timestamp_ms: ts,
         };
+        // An async put never waits for I/O; yield when this task queue's slice is
+        // used up so a tight put loop cannot starve the writer and dispatcher.
+        glommio::yield_if_needed().await;
         let wait = first.property(properties::WAIT) != Some("false");
         match inner.cfg.flush_mode {
             FlushMode::Async => {
@@ -472,8 +504,10 @@ impl Store {
     /// The raw record at `offset`, verified; `None` if no valid record starts there.
     pub async fn read_record(&self, offset: LogOffset) -> Result<Option<bytes::Bytes>> {
         let log = &self.inner.log;
-        if offset < log.min_offset() || offset + record::MIN_RECORD_LEN as u64 > self.visible_end()
-        {
+        // Offsets come from clients (message ids): no arithmetic may overflow.
+        let visible = self.visible_end();
+        let fits = |len: u64| offset.checked_add(len).is_some_and(|end| end <= visible);
+        if offset < log.min_offset() || !fits(record::MIN_RECORD_LEN as u64) {
             return Ok(None);
         }
         let head = log.read(offset, 8).await?;
@@ -482,7 +516,7 @@ impl Store {
         };
         if size < record::MIN_RECORD_LEN as i32
             || size as usize > self.inner.cfg.max_record_bytes()
-            || offset + size as u64 > self.visible_end()
+            || !fits(size as u64)
         {
             return Ok(None);
         }
@@ -661,16 +695,16 @@ impl Store {
         let failure = self.failure();
         inner.state.set(State::Stopped);
         if let Some(f) = failure {
+            inner.lock.borrow_mut().take();
             return Err(Error::Failed(f));
         }
         let end = inner.log.written();
         inner.flush_queues().await?;
-        inner
-            .write_checkpoint(end, end, inner.queue_count_on_disk())
-            .await?;
+        inner.write_checkpoint(end, inner.manifest(end)).await?;
         let abort = inner.cfg.root.join("abort");
         std::fs::remove_file(&abort).map_err(|e| Error::io("remove", &abort, 0, e))?;
         io::sync_dir(&inner.cfg.root)?;
+        inner.lock.borrow_mut().take();
         tracing::info!(root = %inner.cfg.root.display(), end, "store shut down cleanly");
         Ok(())
     }
@@ -763,11 +797,15 @@ impl Inner {
         q
     }
 
-    async fn load_queues(&self, log_min: u64, log_end: u64) -> Result<()> {
+    /// Loads every ConsumeQueue. A queue whose files are damaged (a file missing
+    /// between others) is discarded; returns `true` when that happened, so the caller
+    /// rebuilds the queues from the whole log.
+    async fn load_queues(&self, log_min: u64, log_end: u64) -> Result<bool> {
+        let mut damaged = false;
         let cq_root = self.cfg.root.join("consumequeue");
         let topics = match std::fs::read_dir(&cq_root) {
             Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(Error::io("list", &cq_root, 0, e)),
         };
         for t in topics {
@@ -786,10 +824,22 @@ impl Inner {
                     continue;
                 };
                 let q = self.queue(&topic, qid);
-                q.cq.load(log_min, log_end).await?;
+                match q.cq.load(log_min, log_end).await {
+                    Ok(()) => {}
+                    Err(e @ Error::Corrupt { .. }) => {
+                        tracing::warn!(error = %e, "discarding a damaged consume queue; it is rebuilt from the log");
+                        let dir = qd.path();
+                        std::fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, 0, e))?;
+                        if let Some(m) = self.queues.borrow_mut().get_mut(&topic) {
+                            m.remove(&qid);
+                        }
+                        damaged = true;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
-        Ok(())
+        Ok(damaged)
     }
 
     /// Builds ConsumeQueue entries for the records in `[from, to)`, reading the log.
@@ -916,23 +966,46 @@ impl Inner {
         Ok(out)
     }
 
-    /// Queues that hold at least one entry (in files or in memory).
-    fn queue_count_on_disk(&self) -> usize {
-        self.queues
+    /// Every queue holding entries and its length, taken when `dispatched` read
+    /// `dispatch_safe` (call with no await in between).
+    fn manifest(&self, dispatch_safe: u64) -> QueueManifest {
+        let mut queues: Vec<(String, i32, u64)> = self
+            .queues
             .borrow()
-            .values()
-            .flat_map(|m| m.values())
-            .filter(|q| q.cq.max_offset() > 0)
-            .count()
+            .iter()
+            .flat_map(|(t, m)| m.iter().map(move |(q, v)| (t.clone(), *q, v.cq.max_offset())))
+            .filter(|(_, _, max)| *max > 0)
+            .collect();
+        queues.sort();
+        QueueManifest { dispatch_safe, queues }
     }
 
-    /// `queue_count` must be counted when `dispatch_safe` was read.
-    async fn write_checkpoint(
-        &self,
-        log_flushed: u64,
-        dispatch_safe: u64,
-        queue_count: usize,
-    ) -> Result<()> {
+    /// Whether a queue holds fewer entries than the manifest written with the
+    /// checkpoint says it had (a lost or damaged queue file). Only meaningful when
+    /// the recovered log reaches the manifest's dispatch point.
+    fn queues_shorter_than_manifest(&self, cp: &Checkpoint, log_end: u64) -> bool {
+        let path = self.cfg.root.join("config").join("cq-manifest");
+        let Ok(bytes) = std::fs::read(&path) else { return false };
+        let Ok(m) = QueueManifest::decode(&bytes) else {
+            tracing::warn!(path = %path.display(), "queue manifest unreadable; not used");
+            return false;
+        };
+        if m.dispatch_safe != cp.dispatch_safe_offset || log_end < m.dispatch_safe {
+            return false;
+        }
+        m.queues.iter().any(|(t, q, max)| {
+            let have = self.find_queue(t, *q).map_or(0, |x| x.cq.max_offset());
+            if have < *max {
+                tracing::warn!(topic = %t, queue = q, have, expected = max, "consume queue lost entries");
+            }
+            have < *max
+        })
+    }
+
+    /// Writes the checkpoint, then the queue manifest that goes with it.
+    async fn write_checkpoint(&self, log_flushed: u64, manifest: QueueManifest) -> Result<()> {
+        let dispatch_safe = manifest.dispatch_safe;
+        let queue_count = manifest.queues.len();
         let cp = Checkpoint {
             queue_count: queue_count as u32,
             crc_required_from: self.log.crc_required_from(),
@@ -946,7 +1019,15 @@ impl Inner {
         self.checkpoint.write_aligned(0, &cp.encode()).await?;
         self.checkpoint.sync().await?;
         const _: () = assert!(CHECKPOINT_LEN == io::PAGE);
-        Ok(())
+        let dir = self.cfg.root.join("config");
+        let path = dir.join("cq-manifest");
+        let tmp = dir.join("cq-manifest.tmp");
+        std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::write(&tmp, manifest.encode()))
+            .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| Error::io("write", &path, 0, e))?;
+        io::sync_dir(&dir)
     }
 
     fn spawn_tasks(self: &Rc<Self>) -> Result<()> {
@@ -1006,6 +1087,10 @@ impl Inner {
                 glommio::yield_if_needed().await;
                 continue;
             }
+            if self.log.failure().is_some() {
+                // The writer failed: nothing more becomes durable or visible.
+                return;
+            }
             // Stopping: exit once everything written is flushed and dispatched.
             let log_done =
                 self.log.failure().is_some() || self.log.flushed.get() >= self.log.written();
@@ -1035,11 +1120,10 @@ impl Inner {
             }
             let dispatch_safe = self.dispatched.get();
             let log_flushed = self.log.flushed.get();
-            let queue_count = self.queue_count_on_disk();
+            let manifest = self.manifest(dispatch_safe);
             let r = async {
                 self.flush_queues().await?;
-                self.write_checkpoint(log_flushed, dispatch_safe, queue_count)
-                    .await
+                self.write_checkpoint(log_flushed, manifest).await
             }
             .await;
             if let Err(e) = r {

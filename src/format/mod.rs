@@ -9,6 +9,7 @@
 pub mod checkpoint;
 pub mod consume_queue;
 pub mod java;
+pub mod manifest;
 pub mod msg_id;
 pub mod properties;
 pub mod record;

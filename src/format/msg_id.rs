@@ -30,7 +30,8 @@ impl MessageId {
 
     /// Parses 32 hex characters (either case); `None` for anything else.
     pub fn parse(s: &str) -> Option<MessageId> {
-        if s.len() != MSG_ID_LEN * 2 || !s.is_ascii() {
+        // Only hex digits: `from_str_radix` alone would also take a leading '+'.
+        if s.len() != MSG_ID_LEN * 2 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let mut b = [0u8; MSG_ID_LEN];
@@ -63,5 +64,6 @@ mod tests {
         assert_eq!(MessageId::parse(&s.to_lowercase()), Some(id));
         assert_eq!(MessageId::parse("xyz"), None);
         assert_eq!(MessageId::parse(&"G".repeat(32)), None);
+        assert_eq!(MessageId::parse(&"+0".repeat(16)), None);
     }
 }
