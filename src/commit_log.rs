@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::format::Corruption;
 use crate::format::record::{self, Decoded, Verify};
 use crate::io::{self, File, PAGE, align_down, align_up};
-use crate::sync::{Notify, OffsetWatch};
+use crate::sync::{Notify, OffsetWatch, join_all};
 use bytes::{Bytes, BytesMut};
 use glommio::allocate_dma_buffer;
 use glommio::io::DmaBuffer;
@@ -880,27 +880,4 @@ impl CommitLog {
         self.stopping.set(true);
         self.writer_wake.notify();
     }
-}
-
-/// Polls every future to completion, concurrently, on the current task.
-pub async fn join_all<T>(mut futs: Vec<Pin<Box<dyn Future<Output = T> + '_>>>) -> Vec<T> {
-    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut all = true;
-        for (i, f) in futs.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => all = false,
-                }
-            }
-        }
-        if all {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    out.into_iter().map(|v| v.unwrap()).collect()
 }

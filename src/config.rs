@@ -74,6 +74,21 @@ pub struct StoreConfig {
     /// `i` the base `i << 56`, so a commit-log offset (and a message id) names its
     /// shard; a single store, like RocketMQ, starts at 0.
     pub log_base_offset: u64,
+    /// Build the key index (RocketMQ `messageIndexEnable`, on by default).
+    pub index_enable: bool,
+    /// Hash slots per index file (RocketMQ `maxHashSlotNum`, 5,000,000).
+    pub index_hash_slots: u32,
+    /// Entries per index file (RocketMQ `maxIndexNum`, 20,000,000).
+    pub index_max_entries: u32,
+    /// Memory for index pages (dirty and cached, 4 KiB each); bounds the index's
+    /// memory whatever the number of keys (a flush briefly copies the dirty pages).
+    /// The default (32 MiB) holds the default 20 MB slot table.
+    pub index_max_dirty_bytes: usize,
+    /// Results of a key query when the caller does not say (RocketMQ: 32); for
+    /// front ends (the store's own calls always pass `max`).
+    pub query_default_max: usize,
+    /// Most results a key query returns (RocketMQ `maxMsgsNumBatch`, 64).
+    pub query_max: usize,
 }
 
 pub const PAGE: u64 = 4096;
@@ -104,6 +119,12 @@ impl StoreConfig {
             max_batch_messages: 4096,
             max_get_count: 1024,
             log_base_offset: 0,
+            index_enable: true,
+            index_hash_slots: crate::format::index_file::DEFAULT_SLOTS,
+            index_max_entries: crate::format::index_file::DEFAULT_ENTRIES,
+            index_max_dirty_bytes: 32 << 20,
+            query_default_max: 32,
+            query_max: 64,
         }
     }
 
@@ -116,6 +137,9 @@ impl StoreConfig {
             consume_queue_entries_per_file: 1000,
             max_message_bytes: 128 << 10,
             commit_chunk_bytes: 64 << 10,
+            index_hash_slots: 1024,
+            index_max_entries: 4000,
+            index_max_dirty_bytes: 256 << 10,
             ..StoreConfig::new(root)
         }
     }
@@ -175,6 +199,25 @@ impl StoreConfig {
         }
         if self.max_queue_id_exclusive <= 0 {
             return bad("max_queue_id_exclusive must be positive".into());
+        }
+        if self.index_hash_slots == 0 || self.index_hash_slots > i32::MAX as u32 / 4 {
+            return bad(format!("index_hash_slots {} must be within 1..=536870911", self.index_hash_slots));
+        }
+        if self.index_max_entries < 2 || self.index_max_entries > i32::MAX as u32 {
+            return bad(format!(
+                "index_max_entries {} must be within 2..=2147483647 (entry 0 is never used)",
+                self.index_max_entries
+            ));
+        }
+        if self.index_max_dirty_bytes < crate::index::MIN_PAGES * PAGE as usize {
+            return bad(format!(
+                "index_max_dirty_bytes {} must be at least {}",
+                self.index_max_dirty_bytes,
+                crate::index::MIN_PAGES * PAGE as usize
+            ));
+        }
+        if self.query_max == 0 || self.query_default_max == 0 || self.query_default_max > self.query_max {
+            return bad("query_default_max and query_max must be positive, default <= max".into());
         }
         Ok(())
     }

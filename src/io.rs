@@ -79,37 +79,23 @@ impl File {
 
     pub async fn write_buf(&self, pos: u64, buf: glommio::io::DmaBuffer) -> Result<()> {
         let len = buf.len();
-        let n = self
-            .dma
-            .write_at(buf, pos)
-            .await
-            .map_err(|e| Error::glommio("write", &self.path, pos, e))?;
-        if n != len {
-            return Err(Error::io(
-                "write",
-                &self.path,
-                pos,
-                std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write {n} of {len}")),
-            ));
-        }
-        Ok(())
+        let n = self.dma.write_at(buf, pos).await;
+        self.written(pos, len, n)
     }
 
     /// Writes a shared buffer (kept alive by the caller too) at aligned `pos`.
     pub async fn write_rc(&self, pos: u64, buf: Rc<glommio::io::DmaBuffer>) -> Result<()> {
         let len = buf.len();
-        let n = self
-            .dma
-            .write_rc_at(buf, pos)
-            .await
-            .map_err(|e| Error::glommio("write", &self.path, pos, e))?;
+        let n = self.dma.write_rc_at(buf, pos).await;
+        self.written(pos, len, n)
+    }
+
+    /// Turns a write's outcome into an error naming the file unless all `len` bytes went.
+    fn written(&self, pos: u64, len: usize, n: glommio::Result<usize, ()>) -> Result<()> {
+        let n = n.map_err(|e| Error::glommio("write", &self.path, pos, e))?;
         if n != len {
-            return Err(Error::io(
-                "write",
-                &self.path,
-                pos,
-                std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write {n} of {len}")),
-            ));
+            let short = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write {n} of {len}"));
+            return Err(Error::io("write", &self.path, pos, short));
         }
         Ok(())
     }

@@ -3,8 +3,9 @@
 //!
 //! This crate holds one shard's store ([`Store`]): a CommitLog of fixed-size segments
 //! written with direct I/O through a pool of aligned write windows, ConsumeQueues
-//! built by a dispatch task, a checkpoint, and recovery. Files are laid out exactly
-//! as a RocketMQ store root, with RocketMQ's byte layouts (see [`format`]).
+//! built by a dispatch task, a key index (IndexFiles, see [`index`]), a checkpoint,
+//! and recovery. Files are laid out exactly as a RocketMQ store root, with RocketMQ's
+//! byte layouts (see [`format`]).
 //!
 //! See `store` for the durability contract of each flush mode.
 
@@ -13,8 +14,10 @@ pub mod config;
 pub mod consume_queue;
 pub mod error;
 pub mod format;
+pub mod index;
 pub mod inspect;
 pub mod io;
+pub mod loadgen;
 pub mod message;
 pub mod shard;
 pub mod store;

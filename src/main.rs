@@ -5,6 +5,9 @@
 //! * `coremq run`: the main job on an embedded default: opens a store in a data
 //!   directory, puts N messages with up to 256 puts outstanding, reads every queue
 //!   back and verifies every body, shuts down cleanly and prints a JSON summary.
+//! * `coremq bench`: the load generator (`coremq::loadgen`): producers and optional
+//!   tailing consumers on every shard; prints throughput, latency percentiles, CPU per
+//!   message and peak memory; `--json FILE` and `--svg FILE` write the report.
 //!
 //! Exit codes: 0 success, 1 a problem was found (check failed, verification failed,
 //! no such queue), 2 the command could not run (bad arguments, unreadable files,
@@ -43,6 +46,9 @@ enum Cmd {
     },
     /// Put, read back and verify messages on an embedded store; print a JSON summary.
     Run(RunArgs),
+    /// Load generator: producers (and tailing consumers) on every shard; reports
+    /// throughput, put and end-to-end latency percentiles, CPU per message, peak memory.
+    Bench(Box<coremq::loadgen::LoadConfig>),
 }
 
 #[derive(Subcommand)]
@@ -59,6 +65,27 @@ enum Inspect {
     },
     /// Verify records, queues and checkpoint; one JSON summary line; exit 1 on problems.
     Check { dir: PathBuf },
+    /// Records with a key, found through the index files (newest first), one JSON line
+    /// each; exit 1 when none is found.
+    Key {
+        dir: PathBuf,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        key: String,
+        /// Earliest store time, ms since the epoch (inclusive).
+        #[arg(long, default_value_t = 0)]
+        begin: i64,
+        /// Latest store time, ms since the epoch (inclusive).
+        #[arg(long, default_value_t = i64::MAX)]
+        end: i64,
+        /// Hash slots per index file the store was written with.
+        #[arg(long, default_value_t = coremq::format::index_file::DEFAULT_SLOTS)]
+        index_slots: u32,
+        /// Entries per index file the store was written with.
+        #[arg(long, default_value_t = coremq::format::index_file::DEFAULT_ENTRIES)]
+        index_entries: u32,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -87,6 +114,7 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Inspect { what } => inspect_cmd(what),
         Cmd::Run(args) => run_cmd(args),
+        Cmd::Bench(cfg) => bench_cmd(&cfg),
     }
 }
 
@@ -115,6 +143,21 @@ fn inspect_cmd(what: Inspect) -> ExitCode {
             found
         }
         Inspect::Check { dir } => inspect::print_check(dir, &mut out),
+        Inspect::Key { dir, topic, key, begin, end, index_slots, index_entries } => {
+            let q = inspect::KeyQuery {
+                topic: topic.clone(),
+                key: key.clone(),
+                begin: *begin,
+                end: *end,
+                slots: *index_slots,
+                entries: *index_entries,
+            };
+            let found = inspect::print_key(dir, &q, &mut out);
+            if let Ok(false) = found {
+                eprintln!("no message of topic {topic} with key {key:?} under {}", dir.display());
+            }
+            found
+        }
     };
     let flushed = out.flush();
     match (result, flushed) {
@@ -133,6 +176,17 @@ fn inspect_cmd(what: Inspect) -> ExitCode {
 fn fail(e: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("coremq: {e}");
     ExitCode::from(2)
+}
+
+// ---------------------------------------------------------------------------------
+// bench
+
+fn bench_cmd(cfg: &coremq::loadgen::LoadConfig) -> ExitCode {
+    match coremq::loadgen::run_and_report(cfg) {
+        Ok(report) if report.ok() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::from(1),
+        Err(e) => fail(&e),
+    }
 }
 
 // ---------------------------------------------------------------------------------

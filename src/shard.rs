@@ -109,6 +109,7 @@ enum Request {
     QueueOffsets(String, i32, Reply<(QueueOffset, QueueOffset)>),
     OffsetByTime(String, i32, i64, Reply<Result<QueueOffset>>),
     EarliestTime(String, i32, Reply<Result<i64>>),
+    QueryByKey { topic: String, key: String, max: usize, begin_ms: i64, end_ms: i64, reply: Reply<Result<Vec<StoredMessage>>> },
     LogOffsets(Reply<ShardStatus>),
     WaitDispatched(Reply<()>),
     Flush(Reply<Result<LogOffset>>),
@@ -129,7 +130,11 @@ pub struct ShardStatus {
 
 struct Shared {
     senders: Vec<flume::Sender<Request>>,
+    /// Cleared when a shard's thread ends (even by a panic), see [`Alive`].
+    alive: Vec<AtomicBool>,
     closed: AtomicBool,
+    /// Most results a key query returns (`StoreConfig::query_max`).
+    query_max: usize,
 }
 
 /// A `Send + Sync + Clone` handle to every shard.
@@ -209,7 +214,8 @@ impl ShardedStore {
         read_or_create_meta(&cfg.root, cfg.shards)?;
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..cfg.shards).map(|_| flume::bounded(cfg.channel_capacity)).unzip();
-        let handle = Handle { shared: Arc::new(Shared { senders, closed: AtomicBool::new(false) }) };
+        let handle = Handle { shared: Arc::new(Shared { senders, alive: (0..cfg.shards).map(|_| AtomicBool::new(true)).collect(),
+                closed: AtomicBool::new(false), query_max: cfg.store.query_max }) };
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let mut threads = Vec::new();
         let mut ready = Vec::new();
@@ -284,7 +290,14 @@ impl ShardedStore {
             .collect();
         let mut first_err = None;
         for (i, w) in waits.into_iter().enumerate() {
-            match w.recv() {
+            let reply = loop {
+                match w.recv_timeout(Duration::from_millis(100)) {
+                    Err(flume::RecvTimeoutError::Timeout) if h.shared.alive[i].load(Ordering::SeqCst) => {}
+                    Err(_) => break Err(()),
+                    Ok(r) => break Ok(r),
+                }
+            };
+            match reply {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
@@ -311,6 +324,24 @@ impl Drop for ShardedStore {
     }
 }
 
+/// Lives as long as a shard's main task. When the task ends (returns, or is dropped
+/// while its thread unwinds from a panic) it marks the shard dead and drops queued
+/// requests, so their callers get an error instead of waiting for ever.
+struct Alive {
+    shard: usize,
+    handle: Handle,
+    rx: flume::Receiver<Request>,
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.handle.shared.alive[self.shard].store(false, Ordering::SeqCst);
+        while let Ok(req) = self.rx.try_recv() {
+            drop(req);
+        }
+    }
+}
+
 async fn shard_main(
     shard: usize,
     cfg: StoreConfig,
@@ -318,6 +349,7 @@ async fn shard_main(
     handle: Handle,
     ready: flume::Sender<Result<()>>,
 ) {
+    let _alive = Alive { shard, handle: handle.clone(), rx: rx.clone() };
     let store = match Store::open(cfg).await {
         Ok(s) => {
             let _ = ready.send(Ok(()));
@@ -365,6 +397,9 @@ async fn serve(ctx: ShardContext, req: Request) {
         Request::EarliestTime(t, q, r) => {
             let _ = r.send(s.earliest_message_time(&t, q).await);
         }
+        Request::QueryByKey { topic, key, max, begin_ms, end_ms, reply } => {
+            let _ = reply.send(s.query_by_key(&topic, &key, max, begin_ms, end_ms).await);
+        }
         Request::LogOffsets(r) => {
             let _ = r.send(ShardStatus {
                 shard: ctx.shard,
@@ -405,6 +440,9 @@ impl Handle {
         let tx = self.shared.senders.get(shard).ok_or_else(|| {
             Error::BadRequest(format!("shard {shard} does not exist (this store has {})", self.shards()))
         })?;
+        if !self.shared.alive[shard].load(Ordering::SeqCst) {
+            return Err(gone(shard));
+        }
         tx.send_async(req).await.map_err(|_| gone(shard))
     }
 
@@ -428,7 +466,9 @@ impl Handle {
     /// has one entry per message, in input order.
     pub async fn put_batch(&self, msgs: Vec<Message>) -> Vec<PutResult> {
         let n = msgs.len();
-        let mut groups: Vec<((String, i32), Vec<usize>, Vec<Message>)> = Vec::new();
+        // One group per queue: (queue, input positions, messages).
+        type Group = ((String, i32), Vec<usize>, Vec<Message>);
+        let mut groups: Vec<Group> = Vec::new();
         for (i, m) in msgs.into_iter().enumerate() {
             let key = (m.topic.clone(), m.queue_id);
             match groups.iter_mut().find(|(k, _, _)| *k == key) {
@@ -450,7 +490,7 @@ impl Handle {
             }
         });
         let mut out = vec![PutResult::refused(PutStatus::ServiceNotAvailable); n];
-        for (idx, r) in join_send(futs.collect()).await {
+        for (idx, r) in crate::sync::join_all(futs.collect()).await {
             for (k, i) in idx.into_iter().enumerate() {
                 let mut one = r.clone();
                 if r.status.is_stored() {
@@ -511,6 +551,36 @@ impl Handle {
     pub async fn earliest_message_time(&self, topic: &str, queue_id: i32) -> Result<i64> {
         let t = topic.to_string();
         self.ask(self.shard_of(topic, queue_id), |r| Request::EarliestTime(t, queue_id, r)).await?
+    }
+
+    /// Messages of `topic` carrying `key` stored within `[begin_ms, end_ms]`, from every
+    /// shard (a key can be on any shard: ownership is by queue), asked in parallel and
+    /// merged newest first by store time, at most `max` (clamped to `query_max`). Same
+    /// rules as [`Store::query_by_key`]; a shard that fails makes the query fail.
+    pub async fn query_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        max: usize,
+        begin_ms: i64,
+        end_ms: i64,
+    ) -> Result<Vec<StoredMessage>> {
+        crate::index::check_query(topic, key, begin_ms, end_ms)?;
+        let max = max.min(self.shared.query_max);
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let asks = (0..self.shards()).map(|shard| {
+            let (topic, key) = (topic.to_string(), key.to_string());
+            self.ask(shard, move |reply| Request::QueryByKey { topic, key, max, begin_ms, end_ms, reply })
+        });
+        let mut all = Vec::new();
+        for r in crate::sync::join_all(asks.collect()).await {
+            all.extend(r??);
+        }
+        all.sort_by_key(|m: &StoredMessage| std::cmp::Reverse((m.store_timestamp_ms, m.log_offset)));
+        all.truncate(max);
+        Ok(all)
     }
 
     /// Positions and health of one shard.
@@ -587,24 +657,4 @@ impl ShardContext {
             self.handle.get(topic, queue_id, offset, max_count, max_bytes).await
         }
     }
-}
-
-/// Polls `Send` futures to completion concurrently on the current task.
-async fn join_send<T, F: Future<Output = T>>(futs: Vec<F>) -> Vec<T> {
-    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut done = true;
-        for (i, f) in futs.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => done = false,
-                }
-            }
-        }
-        if done { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
-    })
-    .await;
-    out.into_iter().map(|v| v.expect("all futures completed")).collect()
 }

@@ -67,6 +67,8 @@ struct Inner {
     tasks: RefCell<Vec<glommio::task::JoinHandle<()>>>,
     /// Released by `shutdown` even while clones of the handle live on.
     lock: RefCell<Option<std::fs::File>>,
+    /// The key index (issue 4); `None` when `index_enable` is off.
+    index: Option<Rc<crate::index::IndexService>>,
 }
 
 /// What `open` found and did, for logs and tests.
@@ -186,6 +188,14 @@ impl Store {
             log.set_crc_required_from(log_end);
         }
         let checkpoint = File::open(&cp_path, true).await?;
+        // Key index (issue 4): loaded (and repaired after a crash) before dispatch.
+        let index = if cfg.index_enable {
+            let (ix, rep) = crate::index::IndexService::open(&cfg, clean, log_end).await?;
+            tracing::debug!(?rep, "key index opened");
+            Some(Rc::new(ix))
+        } else {
+            None
+        };
         let inner = Rc::new(Inner {
             cfg: cfg.clone(),
             log: log.clone(),
@@ -202,6 +212,7 @@ impl Store {
             checkpoint,
             tasks: RefCell::new(Vec::new()),
             lock: RefCell::new(Some(lock)),
+            index,
         });
         let queues_damaged = inner.load_queues(log.min_offset(), log_end).await?;
         let loaded = inner.manifest(0).queues.len();
@@ -221,10 +232,16 @@ impl Store {
             log.min_offset()
         };
         from = from.max(log.min_offset());
+        // The key index may lag the checkpoint: re-dispatch from its durable point too
+        // (queue entries already present are skipped as duplicates).
+        let index_from = inner
+            .index
+            .as_ref()
+            .map_or(from, |ix| ix.indexed_end().max(log.min_offset()).min(from));
         // Dispatch from the checkpoint; if the queues disagree with it (files lost or
         // damaged), rebuild every queue from the log's first record.
         let rebuilt = match inner
-            .dispatch_range(from, log_end, from == log.min_offset())
+            .dispatch_range(index_from, log_end, from == log.min_offset())
             .await
         {
             Ok(n) => n,
@@ -242,6 +259,9 @@ impl Store {
             }
         }
         inner.flush_queues().await?;
+        if let Some(ix) = &inner.index {
+            ix.flush().await?;
+        }
         inner.write_checkpoint(log_end, inner.manifest(log_end)).await?;
         std::fs::write(&abort_path, std::process::id().to_string())
             .and_then(|_| std::fs::File::open(&abort_path)?.sync_all())
@@ -264,6 +284,11 @@ impl Store {
 
     pub fn config(&self) -> &StoreConfig {
         &self.inner.cfg
+    }
+
+    /// The key index, when enabled (see `crate::index`).
+    pub(crate) fn index_service(&self) -> Option<&Rc<crate::index::IndexService>> {
+        self.inner.index.as_ref()
     }
 
     /// Stores one message. Never fails with an error: refusals and failures are
@@ -700,6 +725,9 @@ impl Store {
         }
         let end = inner.log.written();
         inner.flush_queues().await?;
+        if let Some(ix) = &inner.index {
+            ix.flush().await?;
+        }
         inner.write_checkpoint(end, inner.manifest(end)).await?;
         let abort = inner.cfg.root.join("abort");
         std::fs::remove_file(&abort).map_err(|e| Error::io("remove", &abort, 0, e))?;
@@ -871,6 +899,9 @@ impl Inner {
                         if r.is_dispatched_to_queue() {
                             appended += self.place_entry(&r, rebuild)? as u64;
                         }
+                        if let Some(ix) = &self.index {
+                            ix.add(&r).await?;
+                        }
                         at += r.total_size as usize;
                     }
                     Ok(Decoded::Blank(n)) => {
@@ -1011,7 +1042,7 @@ impl Inner {
             crc_required_from: self.log.crc_required_from(),
             physic_msg_timestamp: self.log.flushed_timestamp(),
             logics_msg_timestamp: self.last_dispatched_ts.get(),
-            index_msg_timestamp: 0,
+            index_msg_timestamp: self.index.as_ref().map_or(0, |ix| ix.full_flushed_end_ts()),
             log_flushed_offset: log_flushed,
             dispatch_safe_offset: dispatch_safe,
         };
@@ -1123,6 +1154,9 @@ impl Inner {
             let manifest = self.manifest(dispatch_safe);
             let r = async {
                 self.flush_queues().await?;
+                if let Some(ix) = &self.index {
+                    ix.flush().await?;
+                }
                 self.write_checkpoint(log_flushed, manifest).await
             }
             .await;

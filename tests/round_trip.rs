@@ -73,3 +73,30 @@ fn round_trip_async_flush() {
 fn round_trip_sync_flush() {
     round_trip(FlushMode::Sync);
 }
+
+/// A sync put that is not durable within `sync_flush_timeout` reports
+/// `FlushDiskTimeout`, never `PutOk`, and the message is still stored.
+#[test]
+fn sync_flush_timeout_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    run(move || async move {
+        let mut cfg = StoreConfig::small_for_tests(&root);
+        cfg.flush_mode = FlushMode::Sync;
+        cfg.sync_flush_timeout = std::time::Duration::ZERO;
+        let store = Store::open(cfg).await.unwrap();
+        let mut timeouts = 0;
+        for i in 0..20 {
+            let r = store.put(msg("T", 0, i)).await;
+            assert!(r.status.is_stored(), "{:?}", r.status);
+            timeouts += (r.status == PutStatus::FlushDiskTimeout) as u32;
+        }
+        assert!(timeouts > 0, "a zero timeout cannot be met by an fdatasync");
+        // WAIT=false puts do not wait at all.
+        let r = store.put(msg("T", 0, 20).with_property("WAIT", "false")).await;
+        assert_eq!(r.status, PutStatus::PutOk);
+        store.wait_dispatched().await;
+        assert_eq!(read_all(&store, "T", 0).await.len(), 21);
+        store.shutdown().await.unwrap();
+    });
+}

@@ -39,7 +39,13 @@ pub async fn read_all(store: &Store, topic: &str, q: i32) -> Vec<StoredMessage> 
         match r.status {
             GetStatus::Found => {
                 for raw in &r.records {
-                    out.push(StoredMessage::decode(raw).unwrap_or_else(|e| panic!("decode {e} at q {off} raw len {} head {:?}", raw.len(), &raw[..16.min(raw.len())])));
+                    out.push(StoredMessage::decode(raw).unwrap_or_else(|e| {
+                        panic!(
+                            "decode {e} at q {off} raw len {} head {:?}",
+                            raw.len(),
+                            &raw[..16.min(raw.len())]
+                        )
+                    }));
                 }
                 off = r.next_begin_offset;
             }

@@ -1,0 +1,80 @@
+//! The load generator as a benchmark.
+//!
+//! * `cargo bench --bench loadgen` (cargo passes `--bench`): the full run, as
+//!   `coremq bench` with its defaults (every CPU a shard, 64 queues, 1 KiB bodies,
+//!   256 puts outstanding, async flush, 10 s). Extra arguments after `--` are
+//!   `coremq bench` arguments, e.g. `cargo bench --bench loadgen -- --flush sync`.
+//! * `cargo test --benches` (no `--bench`): two tiny runs that go through every part
+//!   (single puts and batches, both flush modes, keys, body ranges, pacing, tailing
+//!   consumers, JSON and SVG) in a second or two, so the load generator never rots.
+
+use clap::Parser;
+use coremq::loadgen::{self, BodySize, Flush, LoadConfig};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "loadgen",
+    about = "coremq's load generator (see `coremq bench --help`)"
+)]
+struct BenchArgs {
+    /// Set by `cargo bench`: run the full benchmark.
+    #[arg(long)]
+    bench: bool,
+    #[command(flatten)]
+    cfg: LoadConfig,
+}
+
+fn main() -> ExitCode {
+    let full = std::env::args().any(|a| a == "--bench");
+    let runs = if full {
+        // cargo may add a name filter; only `--bench` and load options are ours.
+        let args = std::env::args().filter(|a| !a.is_empty());
+        match BenchArgs::try_parse_from(args) {
+            Ok(a) => vec![a.cfg],
+            Err(e) => e.exit(),
+        }
+    } else {
+        tiny_runs()
+    };
+    for cfg in &runs {
+        match loadgen::run_and_report(cfg) {
+            Ok(report) if report.ok() => {}
+            Ok(report) => {
+                eprintln!("loadgen: {} found problems", report.config.label);
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("loadgen: {}: {e}", cfg.label);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Tiny parameters: one shard, two queues, 2000 messages per run.
+fn tiny_runs() -> Vec<LoadConfig> {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let single = LoadConfig {
+        label: "tiny: single puts, async, tailing consumers".into(),
+        body: BodySize { min: 8, max: 3000 },
+        consumers: true,
+        json: Some(out.join("loadgen-tiny.json")),
+        svg: Some(out.join("loadgen-tiny.svg")),
+        quiet: true,
+        ..LoadConfig::tiny()
+    };
+    let batched = LoadConfig {
+        label: "tiny: batches, sync flush, 20k msg/s".into(),
+        batch: 8,
+        keys: 3,
+        flush: Flush::Sync,
+        rate: Some(20_000.0),
+        consumers: true,
+        quiet: true,
+        ..LoadConfig::tiny()
+    };
+    vec![single, batched]
+}

@@ -1,0 +1,1659 @@
+//! The load generator behind `coremq bench` and `benches/loadgen.rs`.
+//!
+//! # What runs
+//!
+//! The store runs sharded by core: shard `i` is a glommio executor pinned to one CPU,
+//! owning its own [`Store`] on `<data-dir>/shard-<i>` ([`spawn_shards`], the one piece
+//! to swap for the real sharded store). Queue `q` of every topic belongs to shard
+//! `q % shards`, and each shard drives only its own queues:
+//!
+//! * **producers** (`--producers` per shard): each keeps `--outstanding` puts in flight
+//!   (one task per outstanding put, a "lane"), cycling through the shard's queues; a
+//!   put is `Store::put`, or `Store::put_batch` of `--batch` messages to one queue.
+//!   Unlimited (closed loop) by default; with `--rate` (messages/s, all shards together)
+//!   every send has an intended time and producers pace themselves to it (open loop);
+//! * **tailing consumers** (`--consumers`): one per queue, starting at the queue's end,
+//!   reading with `Store::get` as soon as a record is dispatched.
+//!
+//! # What is measured
+//!
+//! * throughput: messages and body bytes put per second over the producing window
+//!   (first put of any shard to the last acknowledgement), and CommitLog bytes per
+//!   second (records with headers and properties: what the disk really takes);
+//! * put latency: from the send time to the put's return, where the send time is the
+//!   intended one under `--rate`, so a put that starts late because every lane was busy
+//!   is charged the wait (no coordinated omission);
+//! * end-to-end latency: from that same send time, carried in the first 8 bytes of the
+//!   body as nanoseconds of a process-wide monotonic clock ([`now_ns`]), to the moment a
+//!   consumer's `get` returns the record;
+//! * CPU time per message (`getrusage(RUSAGE_SELF)`, user + system, of the whole process
+//!   from all stores open to all stores shut down, so the final flush is included) and
+//!   peak RSS.
+//!
+//! Latencies go to HDR histograms (nanosecond resolution, 3 significant digits) and are
+//! reported in microseconds as p50/p90/p99/p99.9/p99.99/max. The report prints as text,
+//! and optionally as JSON ([`Report::to_json`]) and as an SVG picture of the percentile
+//! curves ([`Report::svg`]).
+
+use crate::format::record::{self, Decoded, Verify};
+use crate::{FlushMode, GetStatus, Message, Store, StoreConfig};
+use bytes::BytesMut;
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use std::cell::{Cell, RefCell};
+use std::fmt::Write as _;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------
+// configuration
+
+/// Body sizes: one size, or a uniform range `min..max` (inclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodySize {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl BodySize {
+    /// Smallest body: the send time takes the first 8 bytes.
+    pub const MIN: usize = 8;
+
+    pub fn fixed(n: usize) -> BodySize {
+        BodySize { min: n, max: n }
+    }
+}
+
+impl std::str::FromStr for BodySize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<BodySize, String> {
+        let num = |v: &str| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{v:?} is not a byte count"))
+        };
+        let size = match s.split_once("..") {
+            Some((a, b)) => BodySize {
+                min: num(a)?,
+                max: num(b.trim_start_matches('='))?,
+            },
+            None => BodySize::fixed(num(s)?),
+        };
+        if size.min > size.max {
+            return Err(format!("empty range {s}"));
+        }
+        if size.min < BodySize::MIN {
+            return Err(format!(
+                "bodies must be at least {} bytes (they carry the send time)",
+                BodySize::MIN
+            ));
+        }
+        Ok(size)
+    }
+}
+
+impl std::fmt::Display for BodySize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}..{}", self.min, self.max)
+        }
+    }
+}
+
+/// The flush mode, as a command-line value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Flush {
+    Async,
+    Sync,
+}
+
+impl Flush {
+    pub fn mode(self) -> FlushMode {
+        match self {
+            Flush::Async => FlushMode::Async,
+            Flush::Sync => FlushMode::Sync,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Flush::Async => "async",
+            Flush::Sync => "sync",
+        }
+    }
+}
+
+/// Everything a load-generator run can vary (also the `coremq bench` arguments).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadConfig {
+    /// Shards: pinned executors, each with its own store [default: the CPUs available]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub shards: Option<u32>,
+    /// Topics (BenchTopic0, BenchTopic1, ...)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub topics: u32,
+    /// Queues per topic; queue q belongs to shard q % shards
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub queues: u32,
+    /// Body bytes: a size (1024) or a uniform range (512..4096); at least 8
+    #[arg(long, default_value = "1024")]
+    pub body: BodySize,
+    /// Keys per message (RocketMQ's KEYS property)
+    #[arg(long, default_value_t = 1)]
+    pub keys: u32,
+    /// Messages per put: 1 uses Store::put, more uses Store::put_batch
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch: u32,
+    /// Puts each producer keeps in flight
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub outstanding: u32,
+    /// Producers per shard
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub producers: u32,
+    /// Run a tailing consumer per queue and measure end-to-end latency
+    #[arg(long)]
+    pub consumers: bool,
+    /// Flush mode of the stores
+    #[arg(long, value_enum, default_value_t = Flush::Async)]
+    pub flush: Flush,
+    /// Seconds to produce (unless --messages is given)
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Messages to put in total, instead of a duration
+    #[arg(long, conflicts_with = "duration")]
+    pub messages: Option<u64>,
+    /// Target rate in messages/s over all producers (open loop); default: unlimited
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Run in DIR and keep the store there [default: a temporary directory under the
+    /// current one, removed at the end]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Write the report as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the latency percentile curves as SVG to FILE
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// A name for this run in the reports
+    #[arg(long, default_value = "coremq bench")]
+    pub label: String,
+    /// No progress line on stderr
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(clap::Parser)]
+struct DefaultArgs {
+    #[command(flatten)]
+    cfg: LoadConfig,
+}
+
+impl Default for LoadConfig {
+    /// The command line's defaults.
+    fn default() -> LoadConfig {
+        use clap::Parser;
+        DefaultArgs::parse_from(["bench"]).cfg
+    }
+}
+
+impl LoadConfig {
+    /// A run of a second or two that still goes through every part: one shard, two
+    /// queues, 2000 messages.
+    pub fn tiny() -> LoadConfig {
+        LoadConfig {
+            shards: Some(1),
+            queues: 2,
+            messages: Some(2000),
+            outstanding: 16,
+            label: "tiny".into(),
+            ..LoadConfig::default()
+        }
+    }
+
+    /// Shards that own at least one queue.
+    pub fn effective_shards(&self) -> usize {
+        let want = self
+            .shards
+            .map(|s| s as usize)
+            .unwrap_or_else(|| allowed_cpus().len().max(1));
+        want.min(self.queues as usize).max(1)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !(self.duration > 0.0 && self.duration.is_finite()) && self.messages.is_none() {
+            return Err("--duration must be a positive number of seconds".into());
+        }
+        if let Some(r) = self.rate
+            && !(r > 0.0 && r.is_finite())
+        {
+            return Err("--rate must be a positive number of messages per second".into());
+        }
+        if self.body.min < BodySize::MIN {
+            return Err(format!("bodies must be at least {} bytes", BodySize::MIN));
+        }
+        Ok(())
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "shards": self.effective_shards(),
+            "topics": self.topics,
+            "queues": self.queues,
+            "body_bytes": self.body.to_string(),
+            "keys": self.keys,
+            "batch": self.batch,
+            "outstanding": self.outstanding,
+            "producers": self.producers,
+            "consumers": self.consumers,
+            "flush": self.flush.name(),
+            "duration_s": if self.messages.is_some() { None } else { Some(self.duration) },
+            "messages": self.messages,
+            "rate": self.rate,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// clock, CPU and memory
+
+static CLOCK_BASE: OnceLock<Instant> = OnceLock::new();
+
+/// Nanoseconds of a monotonic clock shared by every thread of the process (since its
+/// first use), so a time taken on one shard can be compared on another.
+pub fn now_ns() -> u64 {
+    CLOCK_BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The process's CPU time (user + system) in seconds and its peak RSS in bytes.
+fn process_usage() -> (f64, u64) {
+    // SAFETY: getrusage only writes the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return (0.0, 0);
+        }
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (
+        secs(ru.ru_utime) + secs(ru.ru_stime),
+        ru.ru_maxrss as u64 * 1024,
+    )
+}
+
+/// The CPUs this process may run on, ascending.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into `set`.
+    let cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            Vec::new()
+        } else {
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    };
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..n).collect()
+    } else {
+        cpus
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// the shard runtime
+
+/// Makes shard threads start their work together once every store is open, or not
+/// at all if one failed.
+struct StartGate {
+    state: Mutex<(usize, bool)>,
+    cv: Condvar,
+    parties: usize,
+}
+
+impl StartGate {
+    fn new(parties: usize) -> StartGate {
+        StartGate {
+            state: Mutex::new((0, false)),
+            cv: Condvar::new(),
+            parties,
+        }
+    }
+
+    /// Arrives (`ok`: this party is ready) and waits for the others; true when all
+    /// arrived ready.
+    fn arrive(&self, ok: bool) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 += 1;
+        s.1 |= !ok;
+        self.cv.notify_all();
+        while s.0 < self.parties && !s.1 {
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        !s.1
+    }
+
+    /// Waits without arriving (the caller watching the shards).
+    fn watch(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while s.0 < self.parties && !s.1 {
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        !s.1
+    }
+
+    fn fail(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.1 = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Marks the gate failed if a shard thread dies (panics) before arriving.
+struct ArriveGuard(Arc<StartGate>, bool);
+
+impl Drop for ArriveGuard {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.fail();
+        }
+    }
+}
+
+/// Running shards started by [`spawn_shards`].
+pub struct ShardSet<T: Send + 'static> {
+    handles: Vec<glommio::ExecutorJoinHandle<Result<T, String>>>,
+    finished: Arc<AtomicUsize>,
+}
+
+impl<T: Send + 'static> ShardSet<T> {
+    /// Whether every shard has finished its work and shut its store down.
+    pub fn all_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire) >= self.handles.len()
+    }
+
+    /// Each shard's result, in shard order; the first failure if any shard failed.
+    pub fn join(self) -> Result<Vec<T>, String> {
+        let mut out = Vec::with_capacity(self.handles.len());
+        let mut first_err = None;
+        for (i, h) in self.handles.into_iter().enumerate() {
+            match h.join() {
+                Ok(Ok(v)) => out.push(v),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(format!("shard {i}: {e}"));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+/// How long a task queue may run while another one waits (glommio's default is
+/// 100 ms). With 100 ms the producers kept the CommitLog writer off the CPU for tens of
+/// milliseconds at a time and put latency's tail was 60-90 ms; 5 ms measured best (1 ms
+/// cost throughput and raised p99.9).
+pub const PREEMPT_TIMER: Duration = Duration::from_millis(5);
+
+/// Starts `shards` executors, shard `i` pinned to the `i`-th allowed CPU (wrapping)
+/// and owning a [`Store`] opened on `root/shard-<i>` with `template`'s settings. Once
+/// every store is open (this call returns then), each shard runs `job(i, store)` and
+/// shuts its store down cleanly.
+///
+/// This is the load generator's whole view of the store runtime: a real multi-shard
+/// store replaces this function.
+pub fn spawn_shards<T, J, Fut>(
+    root: &Path,
+    shards: usize,
+    template: &StoreConfig,
+    job: J,
+) -> Result<ShardSet<T>, String>
+where
+    J: FnOnce(usize, Store) -> Fut + Send + Clone + 'static,
+    Fut: Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let cpus = allowed_cpus();
+    let gate = Arc::new(StartGate::new(shards));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::with_capacity(shards);
+    for i in 0..shards {
+        let mut cfg = template.clone();
+        cfg.root = root.join(format!("shard-{i}"));
+        let (gate2, finished2, job) = (gate.clone(), finished.clone(), job.clone());
+        let spawned =
+            glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpus[i % cpus.len()]))
+                .name(&format!("shard-{i}"))
+                .io_memory(64 << 20)
+                .preempt_timer(PREEMPT_TIMER)
+                .spawn(move || async move {
+                    let mut guard = ArriveGuard(gate2.clone(), false);
+                    let result = shard_main(i, cfg, &mut guard, job).await;
+                    finished2.fetch_add(1, Ordering::Release);
+                    result
+                });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                gate.fail();
+                // The shards already started see the failure, close and exit.
+                for h in handles {
+                    let _ = h.join();
+                }
+                return Err(format!("cannot start shard {i}: {e}"));
+            }
+        }
+    }
+    let set = ShardSet { handles, finished };
+    if !gate.watch() {
+        return match set.join() {
+            Err(e) => Err(e),
+            Ok(_) => Err("a shard failed to start".into()),
+        };
+    }
+    Ok(set)
+}
+
+async fn shard_main<T, J, Fut>(
+    i: usize,
+    cfg: StoreConfig,
+    guard: &mut ArriveGuard,
+    job: J,
+) -> Result<T, String>
+where
+    J: FnOnce(usize, Store) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let root = cfg.root.clone();
+    let opened = Store::open(cfg).await;
+    // Blocking here is fine: nothing else of this shard has started yet.
+    let all_ready = guard.0.arrive(opened.is_ok());
+    guard.1 = true;
+    let store = opened.map_err(|e| format!("shard {i}: cannot open {}: {e}", root.display()))?;
+    if !all_ready {
+        let _ = store.shutdown().await;
+        return Err(format!("shard {i}: another shard failed to start"));
+    }
+    let out = job(i, store.clone()).await;
+    store
+        .shutdown()
+        .await
+        .map_err(|e| format!("shard {i}: shutdown failed: {e}"))?;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------
+// one shard's load
+
+/// Counters a shard updates and the progress line reads (one cache line each).
+#[repr(align(128))]
+#[derive(Default)]
+struct ShardCounters {
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    consumed: AtomicU64,
+    errors: AtomicU64,
+    /// The store's log positions, published every [`MONITOR_INTERVAL`] for the stall
+    /// report: written, committed, flushed, dispatched.
+    log: [AtomicU64; 4],
+    /// The shard's producers are done.
+    produced: AtomicBool,
+    /// Rounds of the monitor task: whether the shard's executor still runs tasks.
+    heartbeat: AtomicU64,
+}
+
+const MONITOR_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What every shard shares, read-only.
+struct Plan {
+    cfg: LoadConfig,
+    shards: usize,
+    topics: Vec<String>,
+    /// Random bytes the bodies are copied from.
+    pattern: Vec<u8>,
+    counters: Vec<ShardCounters>,
+}
+
+impl Plan {
+    fn producers_total(&self) -> u64 {
+        self.shards as u64 * self.cfg.producers as u64
+    }
+
+    /// Messages producer `g` (global index) puts, in message-count mode.
+    fn quota(&self, g: u64) -> Option<u64> {
+        let total = self.cfg.messages?;
+        let n = self.producers_total();
+        Some(total / n + u64::from(g < total % n))
+    }
+
+    /// Messages per second of one producer, under `--rate`.
+    fn producer_rate(&self) -> Option<f64> {
+        self.cfg.rate.map(|r| r / self.producers_total() as f64)
+    }
+
+    /// The queues shard `s` owns.
+    fn queues_of(&self, s: usize) -> Vec<(String, i32)> {
+        let mut v = Vec::new();
+        for t in &self.topics {
+            for q in (s..self.cfg.queues as usize).step_by(self.shards) {
+                v.push((t.clone(), q as i32));
+            }
+        }
+        v
+    }
+}
+
+/// A one-shard broadcast: every waiter wakes on the next `notify`.
+#[derive(Default)]
+struct Signal {
+    generation: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Signal {
+    fn notify(&self) {
+        self.generation.set(self.generation.get() + 1);
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Resolves at the first `notify` after this call.
+    fn changed(&self) -> impl Future<Output = ()> + '_ {
+        let seen = self.generation.get();
+        std::future::poll_fn(move |cx| {
+            if self.generation.get() != seen {
+                Poll::Ready(())
+            } else {
+                self.wakers.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 ns to 1 hour at 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// One shard's state, shared by its tasks.
+struct Shard {
+    index: usize,
+    store: Store,
+    plan: Arc<Plan>,
+    put_latency: RefCell<Histogram<u64>>,
+    e2e_latency: RefCell<Histogram<u64>>,
+    first_error: RefCell<Option<String>>,
+    /// Producers notify after every put, for the dispatch watcher.
+    arrival: Signal,
+    /// New records are visible to `get`.
+    visible: Signal,
+    producing: Cell<bool>,
+    /// Everything put is visible: consumers may stop once they have read it.
+    drained: Cell<bool>,
+}
+
+impl Shard {
+    fn counters(&self) -> &ShardCounters {
+        &self.plan.counters[self.index]
+    }
+
+    fn error(&self, what: String) {
+        self.first_error.borrow_mut().get_or_insert(what);
+    }
+}
+
+/// What one shard measured.
+struct ShardResult {
+    start_ns: u64,
+    /// When the last put of this shard returned.
+    produced_ns: u64,
+    /// Messages consumed by then.
+    consumed_while_producing: u64,
+    messages: u64,
+    bytes: u64,
+    log_bytes: u64,
+    consumed: u64,
+    errors: u64,
+    first_error: Option<String>,
+    put_latency: Histogram<u64>,
+    e2e_latency: Histogram<u64>,
+}
+
+async fn shard_job(index: usize, store: Store, plan: Arc<Plan>) -> ShardResult {
+    use glommio::{Latency, Shares, executor, spawn_local_into};
+    let queues = Rc::new(plan.queues_of(index));
+    let shard = Rc::new(Shard {
+        index,
+        store: store.clone(),
+        plan: plan.clone(),
+        put_latency: RefCell::new(new_histogram()),
+        e2e_latency: RefCell::new(new_histogram()),
+        first_error: RefCell::new(None),
+        arrival: Signal::default(),
+        visible: Signal::default(),
+        producing: Cell::new(true),
+        drained: Cell::new(false),
+    });
+    let log_start = store.max_log_offset();
+    let start_ns = now_ns();
+
+    let mut consumers = Vec::new();
+    if plan.cfg.consumers {
+        let tq =
+            executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "consumers");
+        for (topic, q) in queues.iter() {
+            // Start at the end: only this run's messages are read.
+            let from = store.max_queue_offset(topic, *q);
+            let fut = consume(shard.clone(), topic.clone(), *q, from);
+            consumers.push(spawn_local_into(fut, tq).expect("spawn consumer"));
+        }
+        consumers.push(spawn_local_into(watch_dispatch(shard.clone()), tq).expect("spawn watcher"));
+    }
+
+    let monitor = spawn_local_into(monitor(shard.clone()), executor().current_task_queue())
+        .expect("spawn monitor");
+
+    let tq = executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "producers");
+    let mut lanes = Vec::new();
+    for p in 0..plan.cfg.producers {
+        let producer = Rc::new(Producer {
+            shard: shard.clone(),
+            global: (index * plan.cfg.producers as usize + p as usize) as u64,
+            index: p as usize,
+            queues: queues.clone(),
+            next: Cell::new(0),
+            quota: plan.quota((index * plan.cfg.producers as usize + p as usize) as u64),
+            rate: plan.producer_rate(),
+            start_ns,
+            deadline_ns: match plan.cfg.messages {
+                Some(_) => None,
+                None => Some(start_ns + (plan.cfg.duration * 1e9) as u64),
+            },
+            chunk: RefCell::new(BytesMut::new()),
+        });
+        for l in 0..plan.cfg.outstanding {
+            let fut = lane(producer.clone(), l as u64);
+            lanes.push(spawn_local_into(fut, tq).expect("spawn producer"));
+        }
+    }
+    let mut produced_ns = start_ns;
+    for lane in lanes {
+        produced_ns = produced_ns.max(lane.await);
+    }
+    shard.producing.set(false);
+    shard.counters().produced.store(true, Ordering::Relaxed);
+    let consumed_while_producing = shard.counters().consumed.load(Ordering::Relaxed);
+    shard.arrival.notify();
+    for c in consumers {
+        c.await;
+    }
+    shard.drained.set(true);
+    monitor.await;
+    let c = shard.counters();
+    ShardResult {
+        start_ns,
+        produced_ns,
+        consumed_while_producing,
+        messages: c.messages.load(Ordering::Relaxed),
+        bytes: c.bytes.load(Ordering::Relaxed),
+        log_bytes: store.max_log_offset() - log_start,
+        consumed: c.consumed.load(Ordering::Relaxed),
+        errors: c.errors.load(Ordering::Relaxed),
+        first_error: shard.first_error.borrow_mut().take(),
+        put_latency: shard.put_latency.replace(new_histogram()),
+        e2e_latency: shard.e2e_latency.replace(new_histogram()),
+    }
+}
+
+/// One producer: its lanes share the message sequence.
+struct Producer {
+    shard: Rc<Shard>,
+    /// Index among all producers of all shards.
+    global: u64,
+    /// Index within the shard.
+    index: usize,
+    queues: Rc<Vec<(String, i32)>>,
+    /// Next message number of this producer.
+    next: Cell<u64>,
+    quota: Option<u64>,
+    /// Messages/s under `--rate`.
+    rate: Option<f64>,
+    start_ns: u64,
+    deadline_ns: Option<u64>,
+    /// What bodies are cut from.
+    chunk: RefCell<BytesMut>,
+}
+
+/// Sends closer than this to their intended time go at once: timers are not finer.
+const PACE_SLACK_NS: u64 = 20_000;
+
+/// One outstanding put of a producer, repeated. Returns when its last put returned.
+async fn lane(p: Rc<Producer>, lane_id: u64) -> u64 {
+    let shard = &p.shard;
+    let cfg = &shard.plan.cfg;
+    let batch = cfg.batch as u64;
+    let mut rng = Rng::new((p.global << 32) | lane_id);
+    let mut last_done = p.start_ns;
+    let mut msgs = Vec::with_capacity(batch as usize);
+    loop {
+        let k = p.next.get();
+        let n = match p.quota {
+            Some(quota) if k >= quota => break,
+            Some(quota) => batch.min(quota - k),
+            None => batch,
+        };
+        let intended = p.rate.map(|r| p.start_ns + (k as f64 * 1e9 / r) as u64);
+        if let Some(deadline) = p.deadline_ns
+            && intended.unwrap_or_else(now_ns) >= deadline
+        {
+            break;
+        }
+        p.next.set(k + n);
+        if let Some(at) = intended {
+            let now = now_ns();
+            if at > now + PACE_SLACK_NS {
+                glommio::timer::sleep(Duration::from_nanos(at - now)).await;
+            }
+        }
+        let started = now_ns();
+        // A send that starts late is charged from its intended time; one that starts
+        // a little early (within the timer slack) from when it really started.
+        let sent = intended.map_or(started, |at| at.min(started));
+        let (topic, q) = &p.queues[(p.index + (k / batch) as usize) % p.queues.len()];
+        let mut bytes = 0;
+        for i in 0..n {
+            let len = rng.between(cfg.body.min, cfg.body.max);
+            bytes += len as u64;
+            msgs.push(p.message(topic, *q, k + i, len, sent));
+        }
+        let status = if msgs.len() == 1 && batch == 1 {
+            let m = msgs.pop().expect("one message");
+            shard.store.put(m).await.status
+        } else {
+            let status = shard.store.put_batch(&msgs).await.status;
+            msgs.clear();
+            status
+        };
+        let done = now_ns();
+        last_done = done;
+        let c = shard.counters();
+        if status.is_stored() {
+            shard
+                .put_latency
+                .borrow_mut()
+                .saturating_record(done.saturating_sub(sent));
+            c.messages.fetch_add(n, Ordering::Relaxed);
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            c.errors.fetch_add(n, Ordering::Relaxed);
+            shard.error(format!("put to {topic}/{q}: {status:?}"));
+        }
+        if cfg.consumers {
+            shard.arrival.notify();
+        }
+        // Every outstanding put is its own request: take turns, as a broker serving
+        // requests would, rather than let one lane run until the pool is full.
+        futures_lite::future::yield_now().await;
+    }
+    last_done
+}
+
+/// Bodies are cut from chunks of this size, as a broker cuts them from its network
+/// read buffers: one allocation serves many messages.
+const BODY_CHUNK: usize = 256 << 10;
+
+impl Producer {
+    /// Message `seq` of this producer: `len` body bytes starting with the send time.
+    fn message(&self, topic: &str, q: i32, seq: u64, len: usize, sent: u64) -> Message {
+        let plan = &self.shard.plan;
+        let body = {
+            let mut chunk = self.chunk.borrow_mut();
+            if chunk.capacity() < len {
+                *chunk = BytesMut::with_capacity(BODY_CHUNK.max(len));
+            }
+            chunk.extend_from_slice(&sent.to_le_bytes());
+            let from = (seq as usize * 64) % (plan.pattern.len() - plan.cfg.body.max + 1);
+            chunk.extend_from_slice(&plan.pattern[from..from + len - 8]);
+            chunk.split().freeze()
+        };
+        let mut m = Message::new(topic, q, body).with_tags("bench");
+        if plan.cfg.keys > 0 {
+            let mut keys = String::with_capacity(24 * plan.cfg.keys as usize);
+            for j in 0..plan.cfg.keys {
+                if j > 0 {
+                    keys.push(' ');
+                }
+                let _ = write!(keys, "k{}-{seq}-{j}", self.global);
+            }
+            m = m.with_keys(keys);
+        }
+        m
+    }
+}
+
+/// Wakes the consumers whenever newly written records have been dispatched (what a
+/// broker's long-polling "message arriving" hook does), and marks the shard drained
+/// once the producers are done and everything is visible.
+async fn watch_dispatch(shard: Rc<Shard>) {
+    let store = &shard.store;
+    let mut announced = store.dispatched_log_offset();
+    loop {
+        if let Some(f) = store.failure() {
+            shard.error(format!("store failed: {f}"));
+            break;
+        }
+        // The dispatcher may have run before this task: announce whatever it
+        // dispatched since the last round, waited for or not.
+        let dispatched = store.dispatched_log_offset();
+        if dispatched > announced {
+            announced = dispatched;
+            shard.visible.notify();
+        }
+        if dispatched < store.max_log_offset() {
+            store.wait_dispatched().await;
+            continue;
+        }
+        if !shard.producing.get() {
+            break;
+        }
+        shard.arrival.changed().await;
+    }
+    shard.drained.set(true);
+    shard.visible.notify();
+}
+
+/// Publishes the store's log positions for the progress thread until the shard is done.
+async fn monitor(shard: Rc<Shard>) {
+    let store = &shard.store;
+    while shard.producing.get() || !shard.drained.get() {
+        let positions = [
+            store.max_log_offset(),
+            store.committed_log_offset(),
+            store.flushed_log_offset(),
+            store.dispatched_log_offset(),
+        ];
+        let c = shard.counters();
+        for (a, v) in c.log.iter().zip(positions) {
+            a.store(v, Ordering::Relaxed);
+        }
+        c.heartbeat.fetch_add(1, Ordering::Relaxed);
+        glommio::timer::sleep(MONITOR_INTERVAL).await;
+    }
+}
+
+/// Records a consumer asks for per `get` (RocketMQ's default pull batch).
+const PULL_BATCH: usize = 32;
+
+/// A tailing consumer of one queue: reads every record from `from` on as soon as it
+/// is visible and records its end-to-end latency.
+async fn consume(shard: Rc<Shard>, topic: String, q: i32, from: u64) {
+    let store = &shard.store;
+    let mut offset = from;
+    let verify = Verify {
+        crc: false,
+        at_offset: None,
+        max_total_size: usize::MAX,
+        require_record_crc: false,
+    };
+    loop {
+        if offset >= store.max_queue_offset(&topic, q) {
+            if shard.drained.get() {
+                return;
+            }
+            shard.visible.changed().await;
+            continue;
+        }
+        let got = match store.get(&topic, q, offset, PULL_BATCH, 1 << 20).await {
+            Ok(got) => got,
+            Err(e) => {
+                shard.error(format!("get {topic}/{q} at {offset}: {e}"));
+                return;
+            }
+        };
+        if got.status != GetStatus::Found {
+            shard.error(format!(
+                "get {topic}/{q} at {offset}: {:?} (queue {}..{})",
+                got.status, got.min_offset, got.max_offset
+            ));
+            return;
+        }
+        let seen = now_ns();
+        {
+            let mut hist = shard.e2e_latency.borrow_mut();
+            for raw in &got.records {
+                let sent = match record::decode(raw, verify) {
+                    Ok(Decoded::Record(r)) if r.body.len() >= 8 => {
+                        u64::from_le_bytes(r.body[..8].try_into().expect("8 bytes"))
+                    }
+                    _ => {
+                        shard.error(format!("{topic}/{q}: a record does not decode"));
+                        continue;
+                    }
+                };
+                hist.saturating_record(seen.saturating_sub(sent));
+            }
+        }
+        shard
+            .counters()
+            .consumed
+            .fetch_add(got.records.len() as u64, Ordering::Relaxed);
+        offset = got.next_begin_offset;
+        glommio::yield_if_needed().await;
+    }
+}
+
+/// xorshift64*: body sizes and the body pattern, cheaply.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn between(&mut self, min: usize, max: usize) -> usize {
+        if min == max {
+            min
+        } else {
+            min + (self.next() % (max - min + 1) as u64) as usize
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// running and reporting
+
+/// What a run measured.
+pub struct Report {
+    pub config: LoadConfig,
+    pub shards: usize,
+    pub data_dir: PathBuf,
+    /// Whether the store was kept (`--data-dir`).
+    pub kept: bool,
+    pub messages: u64,
+    /// Body bytes put.
+    pub bytes: u64,
+    /// CommitLog bytes written (records with headers and properties).
+    pub log_bytes: u64,
+    /// The producing window: first put to last acknowledgement.
+    pub seconds: f64,
+    /// From all stores open to all stores shut down (drain and final flush included).
+    pub total_seconds: f64,
+    pub consumed: u64,
+    /// Messages consumed by the time the producers were done: with consumers that keep
+    /// up, all but the last moment's.
+    pub consumed_while_producing: u64,
+    /// Puts refused or failed, and consumer problems.
+    pub errors: u64,
+    pub first_error: Option<String>,
+    /// Nanoseconds.
+    pub put_latency: Histogram<u64>,
+    /// Nanoseconds; empty without consumers.
+    pub e2e_latency: Histogram<u64>,
+    pub cpu_seconds: f64,
+    pub peak_rss_bytes: u64,
+    /// `/proc/loadavg` before the run: other load on the machine skews the numbers.
+    pub load_before: String,
+}
+
+/// The percentiles reported, with their JSON names.
+pub const PERCENTILES: [(f64, &str); 5] = [
+    (50.0, "p50"),
+    (90.0, "p90"),
+    (99.0, "p99"),
+    (99.9, "p99_9"),
+    (99.99, "p99_99"),
+];
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1e3
+}
+
+impl Report {
+    fn per_second(&self, v: f64) -> f64 {
+        if self.seconds > 0.0 {
+            v / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    pub fn messages_per_sec(&self) -> f64 {
+        self.per_second(self.messages as f64)
+    }
+
+    /// Body megabytes (10^6 bytes) per second.
+    pub fn mb_per_sec(&self) -> f64 {
+        self.per_second(self.bytes as f64 / 1e6)
+    }
+
+    /// CommitLog megabytes (10^6 bytes) per second.
+    pub fn log_mb_per_sec(&self) -> f64 {
+        self.per_second(self.log_bytes as f64 / 1e6)
+    }
+
+    pub fn cpu_us_per_message(&self) -> f64 {
+        if self.messages == 0 {
+            0.0
+        } else {
+            self.cpu_seconds * 1e6 / self.messages as f64
+        }
+    }
+
+    /// Whether every put was stored and (with consumers) every message read back.
+    pub fn ok(&self) -> bool {
+        self.errors == 0
+            && self.first_error.is_none()
+            && (!self.config.consumers || self.consumed == self.messages)
+    }
+
+    /// Latency at a percentile, in microseconds.
+    pub fn percentile_us(hist: &Histogram<u64>, p: f64) -> f64 {
+        us(hist.value_at_quantile(p / 100.0))
+    }
+
+    fn latency_json(hist: &Histogram<u64>) -> Value {
+        if hist.is_empty() {
+            return Value::Null;
+        }
+        let mut m = serde_json::Map::new();
+        for (p, name) in PERCENTILES {
+            m.insert(name.into(), json!(Report::percentile_us(hist, p)));
+        }
+        m.insert("max".into(), json!(us(hist.max())));
+        m.insert("mean".into(), json!(hist.mean() / 1e3));
+        m.insert("count".into(), json!(hist.len()));
+        Value::Object(m)
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "label": self.config.label,
+            "config": self.config.to_json(),
+            "machine": {
+                "cpus": allowed_cpus().len(),
+                "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default(),
+                "loadavg_before": self.load_before,
+            },
+            "ok": self.ok(),
+            "messages": self.messages,
+            "bytes": self.bytes,
+            "log_bytes": self.log_bytes,
+            "seconds": self.seconds,
+            "total_seconds": self.total_seconds,
+            "messages_per_sec": self.messages_per_sec(),
+            "mb_per_sec": self.mb_per_sec(),
+            "log_mb_per_sec": self.log_mb_per_sec(),
+            "consumed": self.consumed,
+            "consumed_while_producing": self.consumed_while_producing,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "put_latency_us": Report::latency_json(&self.put_latency),
+            "e2e_latency_us": Report::latency_json(&self.e2e_latency),
+            "cpu_seconds": self.cpu_seconds,
+            "cpu_us_per_message": self.cpu_us_per_message(),
+            "cpu_utilisation": if self.total_seconds > 0.0 {
+                self.cpu_seconds / (self.total_seconds * self.shards as f64)
+            } else {
+                0.0
+            },
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "data_dir": self.data_dir.display().to_string(),
+            "kept": self.kept,
+        })
+    }
+
+    /// The report as text, for people.
+    pub fn summary(&self) -> String {
+        let c = &self.config;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{}: {} shards, {} topics x {} queues, body {} B, batch {}, {} outstanding x {} \
+             producers/shard, flush {}, {}{}",
+            c.label,
+            self.shards,
+            c.topics,
+            c.queues,
+            c.body,
+            c.batch,
+            c.outstanding,
+            c.producers,
+            c.flush.name(),
+            c.rate.map_or("unlimited rate".to_string(), |r| format!(
+                "{r:.0} msg/s target"
+            )),
+            if c.consumers {
+                ", tailing consumers"
+            } else {
+                ""
+            },
+        );
+        let _ = writeln!(
+            s,
+            "  throughput  {:>12.0} msg/s  {:>9.1} MB/s body  {:>9.1} MB/s log  \
+             ({} messages in {:.2} s)",
+            self.messages_per_sec(),
+            self.mb_per_sec(),
+            self.log_mb_per_sec(),
+            self.messages,
+            self.seconds
+        );
+        let mut latency = |name: &str, h: &Histogram<u64>| {
+            if h.is_empty() {
+                return;
+            }
+            let _ = write!(s, "  {name:<11} us");
+            for (p, _) in PERCENTILES {
+                let _ = write!(s, "  p{p}={:.1}", Report::percentile_us(h, p));
+            }
+            let _ = writeln!(s, "  max={:.1}", us(h.max()));
+        };
+        latency("put", &self.put_latency);
+        latency("end-to-end", &self.e2e_latency);
+        let _ = writeln!(
+            s,
+            "  cpu         {:.3} us/message ({:.2} s cpu over {:.2} s with {} shards)  \
+             peak RSS {:.1} MiB",
+            self.cpu_us_per_message(),
+            self.cpu_seconds,
+            self.total_seconds,
+            self.shards,
+            self.peak_rss_bytes as f64 / (1 << 20) as f64
+        );
+        if c.consumers {
+            let _ = writeln!(
+                s,
+                "  consumed    {} of {} ({} while producing)",
+                self.consumed, self.messages, self.consumed_while_producing
+            );
+        }
+        if self.errors > 0 || self.first_error.is_some() {
+            let _ = writeln!(
+                s,
+                "  ERRORS      {} failed puts; first problem: {}",
+                self.errors,
+                self.first_error.as_deref().unwrap_or("-")
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  data        {} ({})",
+            self.data_dir.display(),
+            if self.kept { "kept" } else { "removed" }
+        );
+        s
+    }
+
+    /// The latency percentile curves as an SVG picture: x is the percentile on a log
+    /// scale (0 to 99.999), y the latency on a log scale.
+    pub fn svg(&self) -> String {
+        let curves: Vec<(&str, &str, &Histogram<u64>)> = [
+            ("put", "#1f77b4", &self.put_latency),
+            ("end-to-end", "#d62728", &self.e2e_latency),
+        ]
+        .into_iter()
+        .filter(|(_, _, h)| !h.is_empty())
+        .collect();
+        let title = format!(
+            "{}: {:.0} msg/s, {:.1} MB/s ({} B bodies, flush {}, {} shards)",
+            self.config.label,
+            self.messages_per_sec(),
+            self.mb_per_sec(),
+            self.config.body,
+            self.config.flush.name(),
+            self.shards
+        );
+        latency_svg(&title, &curves)
+    }
+}
+
+/// Decades of "nines" on the x axis: x = -log10(1 - p/100), 0 (p0) to 5 (p99.999).
+const SVG_NINES: f64 = 5.0;
+
+fn escape_xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Draws percentile curves of latency histograms (nanoseconds) by hand.
+fn latency_svg(title: &str, curves: &[(&str, &str, &Histogram<u64>)]) -> String {
+    let (w, h) = (900.0, 540.0);
+    let (left, right, top, bottom) = (80.0, 170.0, 50.0, 60.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    // y range: whole decades of microseconds around every curve.
+    let lo_ns = curves
+        .iter()
+        .map(|(_, _, h)| h.value_at_quantile(0.0).max(1))
+        .min()
+        .unwrap_or(1_000);
+    let hi_ns = curves
+        .iter()
+        .map(|(_, _, h)| h.max().max(1))
+        .max()
+        .unwrap_or(1_000_000);
+    let y_lo = (us(lo_ns).max(0.1)).log10().floor();
+    let y_hi = (us(hi_ns).max(1.0)).log10().ceil().max(y_lo + 1.0);
+    let x_of = |nines: f64| left + nines / SVG_NINES * pw;
+    let y_of = |v_us: f64| top + ph - (v_us.max(1e-3).log10() - y_lo) / (y_hi - y_lo) * ph;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="28" text-anchor="middle" font-size="15">{}</text>"#,
+        left + pw / 2.0,
+        escape_xml(title)
+    );
+    // x grid: 0, 90, 99, 99.9, ...
+    for (i, label) in ["0", "90", "99", "99.9", "99.99", "99.999"]
+        .iter()
+        .enumerate()
+    {
+        let x = x_of(i as f64);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{label}</text>"##,
+            top + ph,
+            top + ph + 18.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">percentile</text>"#,
+        left + pw / 2.0,
+        h - 15.0
+    );
+    // y grid: decades of microseconds.
+    let mut d = y_lo;
+    while d <= y_hi + 1e-9 {
+        let v = 10f64.powf(d);
+        let y = y_of(v);
+        let label = if v >= 1e6 {
+            format!("{} s", v / 1e6)
+        } else if v >= 1e3 {
+            format!("{} ms", v / 1e3)
+        } else {
+            format!("{v} us")
+        };
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"##,
+            left + pw,
+            left - 6.0,
+            y + 4.0
+        );
+        d += 1.0;
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">latency</text>"#,
+        top + ph / 2.0,
+        top + ph / 2.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
+    );
+    for (i, (name, color, hist)) in curves.iter().enumerate() {
+        let steps = 500;
+        let mut points = String::new();
+        for k in 0..=steps {
+            let nines = SVG_NINES * k as f64 / steps as f64;
+            let q = 1.0 - 10f64.powf(-nines);
+            let v = us(hist.value_at_quantile(q));
+            let _ = write!(points, "{:.1},{:.1} ", x_of(nines), y_of(v));
+        }
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            points.trim_end()
+        );
+        let ly = top + 20.0 + 36.0 * i as f64;
+        let lx = left + pw + 15.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{:.1}">{name}</text><text x="{}" y="{:.1}" font-size="10">p99 {:.0} us, max {:.0} us</text>"#,
+            lx + 25.0,
+            lx + 32.0,
+            ly + 4.0,
+            lx,
+            ly + 18.0,
+            Report::percentile_us(hist, 99.0),
+            us(hist.max())
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Removes a temporary data directory when the run ends, however it ends.
+struct TempDir(Option<PathBuf>);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take()
+            && let Err(e) = std::fs::remove_dir_all(&dir)
+        {
+            eprintln!("coremq bench: cannot remove {}: {e}", dir.display());
+        }
+    }
+}
+
+/// Runs the load described by `cfg` and returns what it measured. Prints a progress
+/// line on stderr once a second unless `cfg.quiet`.
+pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
+    cfg.validate()?;
+    let shards = cfg.effective_shards();
+    if let Some(s) = cfg.shards
+        && s as usize > shards
+    {
+        eprintln!(
+            "coremq bench: {s} shards but {} queues: running {shards} shards",
+            cfg.queues
+        );
+    }
+    let _ = now_ns(); // start the shared clock before any shard reads it
+    let load_before = std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    let (data_dir, kept) = match &cfg.data_dir {
+        Some(d) => (d.clone(), true),
+        None => {
+            let d = std::env::current_dir()
+                .map_err(|e| format!("current directory: {e}"))?
+                .join(format!(
+                    "coremq-bench-{}-{}",
+                    std::process::id(),
+                    crate::now_ms()
+                ));
+            (d, false)
+        }
+    };
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    let _cleanup = TempDir((!kept).then(|| data_dir.clone()));
+
+    let mut rng = Rng::new(0xC0FF_EE00);
+    let pattern_len = cfg.body.max.max(4096) + 64 * 1024;
+    let plan = Arc::new(Plan {
+        cfg: cfg.clone(),
+        shards,
+        topics: (0..cfg.topics).map(|t| format!("BenchTopic{t}")).collect(),
+        pattern: (0..pattern_len).map(|_| rng.next() as u8).collect(),
+        counters: (0..shards).map(|_| ShardCounters::default()).collect(),
+    });
+    let mut store_cfg = StoreConfig::new(&data_dir);
+    store_cfg.flush_mode = cfg.flush.mode();
+
+    let job_plan = plan.clone();
+    let set = spawn_shards(&data_dir, shards, &store_cfg, move |i, store| {
+        shard_job(i, store, job_plan)
+    })?;
+    let (cpu_start, _) = process_usage();
+    let started = Instant::now();
+    let progress = Progress::new(&plan, started, !cfg.quiet);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| progress.run(&stop));
+        while !set.all_finished() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let results = set.join()?;
+    let total_seconds = started.elapsed().as_secs_f64();
+    let (cpu_end, peak_rss_bytes) = process_usage();
+
+    let mut report = Report {
+        config: cfg.clone(),
+        shards,
+        data_dir: data_dir.clone(),
+        kept,
+        messages: 0,
+        bytes: 0,
+        log_bytes: 0,
+        seconds: 0.0,
+        total_seconds,
+        consumed: 0,
+        consumed_while_producing: 0,
+        errors: 0,
+        first_error: None,
+        put_latency: new_histogram(),
+        e2e_latency: new_histogram(),
+        cpu_seconds: cpu_end - cpu_start,
+        peak_rss_bytes,
+        load_before,
+    };
+    let start = results.iter().map(|r| r.start_ns).min().unwrap_or(0);
+    let end = results.iter().map(|r| r.produced_ns).max().unwrap_or(0);
+    report.seconds = end.saturating_sub(start) as f64 / 1e9;
+    for r in results {
+        report.messages += r.messages;
+        report.bytes += r.bytes;
+        report.log_bytes += r.log_bytes;
+        report.consumed += r.consumed;
+        report.consumed_while_producing += r.consumed_while_producing;
+        report.errors += r.errors;
+        if report.first_error.is_none() {
+            report.first_error = r.first_error;
+        }
+        report
+            .put_latency
+            .add(&r.put_latency)
+            .map_err(|e| format!("merging histograms: {e}"))?;
+        report
+            .e2e_latency
+            .add(&r.e2e_latency)
+            .map_err(|e| format!("merging histograms: {e}"))?;
+    }
+    if cfg.consumers && report.consumed != report.messages && report.first_error.is_none() {
+        report.first_error = Some(format!(
+            "consumers read {} of {} messages",
+            report.consumed, report.messages
+        ));
+    }
+    Ok(report)
+}
+
+/// Runs, prints the summary on stdout and writes the JSON and SVG files asked for.
+pub fn run_and_report(cfg: &LoadConfig) -> Result<Report, String> {
+    let report = run(cfg)?;
+    print!("{}", report.summary());
+    if let Some(path) = &cfg.json {
+        let text = serde_json::to_string_pretty(&report.to_json()).expect("JSON of numbers");
+        std::fs::write(path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &cfg.svg {
+        std::fs::write(path, report.svg())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// The once-a-second progress line.
+struct Progress<'a> {
+    plan: &'a Plan,
+    started: Instant,
+    enabled: bool,
+}
+
+impl<'a> Progress<'a> {
+    fn new(plan: &'a Plan, started: Instant, enabled: bool) -> Progress<'a> {
+        Progress {
+            plan,
+            started,
+            enabled,
+        }
+    }
+
+    fn totals(&self) -> (u64, u64, u64, u64) {
+        let mut t = (0, 0, 0, 0);
+        for c in &self.plan.counters {
+            t.0 += c.messages.load(Ordering::Relaxed);
+            t.1 += c.bytes.load(Ordering::Relaxed);
+            t.2 += c.consumed.load(Ordering::Relaxed);
+            t.3 += c.errors.load(Ordering::Relaxed);
+        }
+        t
+    }
+
+    fn run(&self, stop: &AtomicBool) {
+        if !self.enabled {
+            return;
+        }
+        let mut last = (0, 0, 0, 0);
+        let mut last_at = self.started;
+        let mut next = self.started + Duration::from_secs(1);
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now < next {
+                std::thread::sleep((next - now).min(Duration::from_millis(50)));
+                continue;
+            }
+            let t = self.totals();
+            let dt = now.duration_since(last_at).as_secs_f64();
+            let mut line = format!(
+                "[{:>6.1}s] put {:>10.0} msg/s {:>8.1} MB/s  total {:>11}",
+                now.duration_since(self.started).as_secs_f64(),
+                (t.0 - last.0) as f64 / dt,
+                (t.1 - last.1) as f64 / dt / 1e6,
+                t.0
+            );
+            if self.plan.cfg.consumers {
+                let _ = write!(
+                    line,
+                    "  consumed {:>10.0} msg/s  lag {:>9}",
+                    (t.2 - last.2) as f64 / dt,
+                    t.0.saturating_sub(t.2)
+                );
+            }
+            if t.3 > 0 {
+                let _ = write!(line, "  errors {}", t.3);
+            }
+            eprintln!("{line}");
+            if t.0 == last.0 && t.2 == last.2 {
+                // Nothing moved for a second: show where each store stands.
+                for (i, c) in self.plan.counters.iter().enumerate() {
+                    if c.produced.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    let [w, cm, f, d] = c.log.each_ref().map(|a| a.load(Ordering::Relaxed));
+                    eprintln!(
+                        "           shard {i}: no progress; log written {w} committed {cm} \
+                         flushed {f} dispatched {d}; monitor round {}",
+                        c.heartbeat.load(Ordering::Relaxed)
+                    );
+                }
+            }
+            last = t;
+            last_at = now;
+            next += Duration::from_secs(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_sizes_parse() {
+        assert_eq!("1024".parse::<BodySize>(), Ok(BodySize::fixed(1024)));
+        assert_eq!(
+            "512..4096".parse::<BodySize>(),
+            Ok(BodySize {
+                min: 512,
+                max: 4096
+            })
+        );
+        assert_eq!(
+            "16..=32".parse::<BodySize>(),
+            Ok(BodySize { min: 16, max: 32 })
+        );
+        assert!("4".parse::<BodySize>().is_err());
+        assert!("9..8".parse::<BodySize>().is_err());
+        assert!("x".parse::<BodySize>().is_err());
+        assert_eq!(BodySize { min: 8, max: 9 }.to_string(), "8..9");
+    }
+
+    #[test]
+    fn producers_split_the_messages_exactly() {
+        let cfg = LoadConfig {
+            shards: Some(3),
+            producers: 2,
+            messages: Some(1001),
+            ..LoadConfig::default()
+        };
+        let plan = Plan {
+            shards: cfg.effective_shards(),
+            cfg,
+            topics: vec!["T".into()],
+            pattern: Vec::new(),
+            counters: Vec::new(),
+        };
+        let sum: u64 = (0..6).map(|g| plan.quota(g).unwrap()).sum();
+        assert_eq!(sum, 1001);
+        // Queue q belongs to shard q % shards.
+        assert!(plan.queues_of(1).iter().all(|(_, q)| q % 3 == 1));
+        let all: usize = (0..3).map(|s| plan.queues_of(s).len()).sum();
+        assert_eq!(all, 64);
+    }
+
+    #[test]
+    fn shards_never_exceed_queues() {
+        let cfg = LoadConfig {
+            shards: Some(8),
+            queues: 2,
+            ..LoadConfig::default()
+        };
+        assert_eq!(cfg.effective_shards(), 2);
+    }
+
+    #[test]
+    fn svg_has_one_curve_per_histogram() {
+        let mut h = new_histogram();
+        for v in 1..10_000u64 {
+            h.record(v * 1000).unwrap();
+        }
+        let svg = latency_svg("t <&>", &[("put", "#000", &h), ("e2e", "#f00", &h)]);
+        assert!(svg.starts_with("<svg"));
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(svg.contains("t &lt;&amp;&gt;"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+}
