@@ -85,6 +85,11 @@ pub fn check_query(topic: &str, key: &str, begin_ms: i64, end_ms: i64) -> Result
     Ok(())
 }
 
+/// Whether commit-log offset `phy` (as stored, may be -1) is at or past `end`.
+fn past(phy: i64, end: u64) -> bool {
+    phy >= 0 && phy as u64 >= end
+}
+
 /// The UTC offset of local time now, in milliseconds (0 if unknown).
 fn local_offset_ms(utc_ms: i64) -> i64 {
     let t = (utc_ms / 1000) as libc::time_t;
@@ -253,9 +258,9 @@ impl IndexService {
         while let Some(last) = files.last().cloned() {
             let h = last.header.get();
             let first_gone = if h.has_entries() {
-                svc.entry_on_disk(&last.file, 1).await?.phy_offset as u64 >= log_end
+                past(svc.entry_on_disk(&last.file, 1).await?.phy_offset, log_end)
             } else {
-                h.end_phy_offset as u64 >= log_end && h.end_timestamp > 0
+                past(h.end_phy_offset, log_end) && h.end_timestamp > 0
             };
             if !first_gone {
                 break;
@@ -267,7 +272,7 @@ impl IndexService {
         }
         if let Some(last) = files.last().cloned() {
             let h = last.header.get();
-            if !clean || (h.end_phy_offset as u64 >= log_end && h.end_timestamp > 0) {
+            if !clean || (past(h.end_phy_offset, log_end) && h.end_timestamp > 0) {
                 let (repaired, cut) = svc.repair(&last, log_end).await?;
                 report.slots_repaired = repaired;
                 report.entries_cut += cut;
@@ -347,7 +352,7 @@ impl IndexService {
         let (mut lo, mut hi) = (1i32, old_count);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if (self.entry_on_disk(&f.file, mid).await?.phy_offset as u64) < log_end {
+            if !past(self.entry_on_disk(&f.file, mid).await?.phy_offset, log_end) {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -355,7 +360,7 @@ impl IndexService {
         }
         let count = lo;
         let cut = (old_count - count) as u64;
-        if (h.end_phy_offset as u64) >= log_end || count < old_count {
+        if past(h.end_phy_offset, log_end) || count < old_count {
             if count > 1 {
                 // The last counted entry's record may have more keys than were
                 // counted: mark only the records before it done (it is indexed again;
@@ -377,6 +382,10 @@ impl IndexService {
         let mut used = 0i32;
         let mut pos = 0u64;
         let mut page0 = vec![0u8; PAGE];
+        // Entries past the count that slots name were written by the flush that a
+        // crash cut short, which wrote at most a page set's worth: read that much
+        // once instead of one read per slot.
+        let mut block: Option<(u64, Vec<u8>)> = None;
         while pos < slots_end {
             let len = chunk_bytes.min(crate::io::align_up(slots_end) - pos);
             let r = f.file.read(pos, len as usize).await?;
@@ -395,7 +404,23 @@ impl IndexService {
                         u = 0;
                         break;
                     }
-                    let e = self.entry_on_disk(&f.file, u).await?;
+                    if block.is_none() {
+                        let from = crate::io::align_down(geo.entry_pos(count as u32));
+                        let len = (self.cap_pages as u64 * P + P).min(geo.file_len() - from);
+                        let r = f.file.read(from, len as usize).await?;
+                        block = Some((from, r[..].to_vec()));
+                    }
+                    let epos = geo.entry_pos(u as u32);
+                    let e = match &block {
+                        Some((from, b))
+                            if epos >= *from
+                                && epos + ENTRY_LEN as u64 <= from + b.len() as u64 =>
+                        {
+                            let o = (epos - from) as usize;
+                            IndexEntry::decode(&b[o..o + ENTRY_LEN]).unwrap_or_default()
+                        }
+                        _ => self.entry_on_disk(&f.file, u).await?,
+                    };
                     u = if e.prev_index < u { e.prev_index } else { 0 };
                     steps += 1;
                 }
@@ -574,7 +599,7 @@ impl IndexService {
                 continue;
             }
             let mut h = f.header.get();
-            let v = i32::from_be_bytes(self.read_cached(slot_pos, 4).try_into().expect("4 bytes"));
+            let v = self.cached_slot(slot_pos);
             let prev = if geo.valid_link(v, h.index_count) {
                 v
             } else {
@@ -603,18 +628,12 @@ impl IndexService {
         }
     }
 
-    fn read_cached(&self, pos: u64, len: usize) -> Vec<u8> {
+    /// The slot at `pos` (4-aligned, so within one page) from the page set.
+    fn cached_slot(&self, pos: u64) -> i32 {
         let pages = self.pages.borrow();
-        let mut out = Vec::with_capacity(len);
-        let mut at = pos;
-        while at < pos + len as u64 {
-            let page = &pages[&(at / P)];
-            let o = (at % P) as usize;
-            let n = (PAGE - o).min((pos + len as u64 - at) as usize);
-            out.extend_from_slice(&page.data[o..o + n]);
-            at += n as u64;
-        }
-        out
+        let o = (pos % P) as usize;
+        let b = &pages[&(pos / P)].data[o..o + 4];
+        i32::from_be_bytes([b[0], b[1], b[2], b[3]])
     }
 
     fn write_cached(&self, pos: u64, bytes: &[u8]) {
@@ -635,6 +654,9 @@ impl IndexService {
     /// Loads the pages `need` of the current file into the page set, making room
     /// first when it is full.
     async fn ensure_pages(&self, f: &Rc<IndexFile>, need: &[u64]) -> Result<()> {
+        if need.iter().all(|p| self.pages.borrow().contains_key(p)) {
+            return Ok(());
+        }
         let missing: Vec<u64> = {
             let pages = self.pages.borrow();
             let mut m: Vec<u64> = need
