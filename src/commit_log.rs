@@ -555,7 +555,13 @@ impl CommitLog {
             }
             let oldest_end = (self.windows.borrow().first + 1) * self.win_bytes;
             self.writer_wake.notify();
-            self.committed.wait_for(oldest_end).await;
+            if self.committed.get() >= oldest_end {
+                // Committed, but its buffer is not free yet (a finished write still
+                // holds it): let other tasks run rather than spin.
+                futures_lite::future::yield_now().await;
+            } else {
+                self.committed.wait_for(oldest_end).await;
+            }
         }
     }
 
