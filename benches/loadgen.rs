@@ -36,6 +36,11 @@ fn main() -> ExitCode {
             Err(e) => e.exit(),
         }
     } else {
+        // Temporary stores go under target/tmp, not the work tree.
+        if let Err(e) = std::env::set_current_dir(env!("CARGO_TARGET_TMPDIR")) {
+            eprintln!("loadgen: {e}");
+            return ExitCode::FAILURE;
+        }
         tiny_runs()
     };
     for cfg in &runs {

@@ -19,7 +19,11 @@ fn report(name: &str, mut samples: Vec<Duration>) {
     let n = samples.len();
     let p50 = percentile(&mut samples, 0.50);
     let p99 = percentile(&mut samples, 0.99);
-    println!("{name:<44} n={n:<7} p50={:>7.1}us p99={:>7.1}us", p50.as_secs_f64() * 1e6, p99.as_secs_f64() * 1e6);
+    println!(
+        "{name:<44} n={n:<7} p50={:>7.1}us p99={:>7.1}us",
+        p50.as_secs_f64() * 1e6,
+        p99.as_secs_f64() * 1e6
+    );
 }
 
 fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
@@ -31,7 +35,11 @@ fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
     cfg.store.commit_log_segment_bytes = 256 << 20;
     let store = ShardedStore::open(cfg).unwrap();
     let h = store.handle();
-    let label = if spin.is_some() { "spin 50us" } else { "no spin" };
+    let label = if spin.is_some() {
+        "spin 50us"
+    } else {
+        "no spin"
+    };
     let q0 = (0..64).find(|q| h.shard_of("R", *q) == 0).unwrap();
     let q1 = (0..64).find(|q| h.shard_of("R", *q) == 1).unwrap();
 
@@ -42,7 +50,10 @@ fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
             t.elapsed()
         })
         .collect();
-    report(&format!("outside thread -> shard round trip ({label})"), samples);
+    report(
+        &format!("outside thread -> shard round trip ({label})"),
+        samples,
+    );
 
     let samples = block_on(h.run_on(0, move |ctx| async move {
         let mut v = Vec::with_capacity(rounds);
@@ -68,12 +79,20 @@ fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
             t.elapsed().as_secs_f64()
         }))
         .unwrap();
-        println!("{:<44} {:>10.0} puts/s (one task, 1 KiB, async)", format!("{what} ({label})"), puts as f64 / secs);
+        println!(
+            "{:<44} {:>10.0} puts/s (one task, 1 KiB, async)",
+            format!("{what} ({label})"),
+            puts as f64 / secs
+        );
     }
     for (shard, q) in [(0, q0), (1, q1)] {
         let t = Instant::now();
         for _ in 0..puts {
-            assert!(block_on(h.put(Message::new("R", q, body.clone()))).status.is_stored());
+            assert!(
+                block_on(h.put(Message::new("R", q, body.clone())))
+                    .status
+                    .is_stored()
+            );
         }
         println!(
             "{:<44} {:>10.0} puts/s (one thread, 1 KiB, async)",
@@ -88,7 +107,10 @@ fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
             t.elapsed()
         })
         .collect();
-    report(&format!("outside thread -> shard 0 round trip ({label})"), samples);
+    report(
+        &format!("outside thread -> shard 0 round trip ({label})"),
+        samples,
+    );
     store.shutdown().unwrap();
 }
 

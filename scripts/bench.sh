@@ -105,18 +105,28 @@ fsync_p99=$(echo "$w99 + $s99" | bc -l)
 # scenarios
 
 # run NAME LABEL ARGS...: one `coremq bench` run on a fresh store, removed afterwards.
-# Exit status 1 (the run found problems: failed puts, consumers left behind) is
-# reported in the table; anything else stops the script.
+# A run that found problems (exit 1) or could not finish (exit 2: a shard failed) is
+# reported in the table, and the script goes on with the next scenario.
 run() {
-    local name="$1" label="$2" rc=0
+    local name="$1" label="$2" rc
     shift 2
     log "scenario $name: $label"
-    "$bin" bench --label "$label" --data-dir "$work/$name" \
-        --json "$detail/$name.json" --svg "$detail/$name.svg" "$@" || rc=$?
+    rm -f "$detail/$name.json" "$detail/$name.svg"
+    # stdout as is; stderr (progress, errors) to the terminal and to a log.
+    set +e
+    {
+        "$bin" bench --label "$label" --data-dir "$work/$name" \
+            --json "$detail/$name.json" --svg "$detail/$name.svg" "$@" \
+            2>&1 >&3 | tee "$detail/$name.log" >&2
+    } 3>&1
+    rc=${PIPESTATUS[0]}
+    set -e
     rm -rf "${work:?}/$name"
-    if [ "$rc" != 0 ] && [ "$rc" != 1 ]; then
-        echo "bench.sh: scenario $name failed (exit $rc)" >&2
-        exit "$rc"
+    if [ ! -s "$detail/$name.json" ]; then
+        local why
+        why=$(grep -m1 '^coremq: ' "$detail/$name.log" | cut -c9-300 || true)
+        jq -n --arg lbl "$label" --arg why "${why:-exit status $rc}" \
+            '{"label": $lbl, "ok": false, "failed": true, "first_error": $why}' >"$detail/$name.json"
     fi
 }
 
@@ -129,7 +139,7 @@ run s3-sync-1k "sync flush (group commit), 1 KiB, 256 outstanding" \
     --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 256
 # Tailing consumers under an open loop at a quarter of scenario 1's closed-loop rate:
 # a load the shards have CPU to spare for, so consumers should keep up.
-s4_rate=$(jq '(.messages_per_sec / 4) | floor' "$detail/s1-async-1k.json")
+s4_rate=$(jq '((.messages_per_sec // 400000) / 4) | floor' "$detail/s1-async-1k.json")
 run s4-consumers "async flush, 1 KiB, tailing consumers, $s4_rate msg/s" \
     --duration "$secs" --body 1024 --queues 64 --consumers --rate "$s4_rate" \
     --drain-timeout 10
@@ -138,25 +148,55 @@ run s4-consumers "async flush, 1 KiB, tailing consumers, $s4_rate msg/s" \
 # report
 
 j() { jq -r "$2" "$detail/$1.json"; }
+failed() { [ "$(j "$1" '.failed // false')" = true ]; }
 # "; problem: ..." when a run found problems.
-problem() { jq -r 'if .ok then "" else "; **problem: \(.first_error // "see JSON")**" end' "$detail/$1.json"; }
+problem() { j "$1" 'if .ok then "" else "; **problem: \(.first_error // "see JSON")**" end'; }
 fmt() { printf "%'.${2:-0}f" "$1"; }
 ratio() { echo "scale=2; $1 / $2" | bc -l | sed 's/^\./0./'; }
-
 mb() { echo "$1 / 1000000" | bc -l; }
+
 write_mb=$(mb "$write_bw")
 read_mb=$(mb "$read_bw")
-
-s1_mb=$(j s1-async-1k .mb_per_sec)
-s2_mb=$(j s2-async-16k .mb_per_sec)
-s3_p99=$(j s3-sync-1k .put_latency_us.p99)
-s4_kept=$(jq '.consumed_while_producing / ([.messages, 1] | max)' "$detail/s4-consumers.json")
 
 machine="$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), \
 $(free -g | awk '/Mem:/ {print $2}') GiB RAM, Linux $(uname -r), \
 $(df -T "$work" | awk 'NR==2 {print $2 " on " $1}')"
 
 row() { printf '| %s | %s | %s | %s |\n' "$@"; }
+# scenario NAME TITLE BASELINE RESULT-FUNCTION RATIO-FUNCTION: a row, or the failure.
+scenario() {
+    if failed "$1"; then
+        row "$2" "**failed: $(j "$1" .first_error)**" "$3" "-"
+    else
+        row "$2" "$("$4")$(problem "$1")" "$3" "$("$5")"
+    fi
+}
+
+s1_result() {
+    echo "$(fmt "$(j s1-async-1k .messages_per_sec)") msg/s, $(fmt "$(j s1-async-1k .mb_per_sec)" 1) MB/s" \
+        "($(fmt "$(j s1-async-1k .log_mb_per_sec)" 1) MB/s log); put p99 $(fmt "$(j s1-async-1k .put_latency_us.p99)" 1) µs;" \
+        "$(fmt "$(j s1-async-1k .cpu_us_per_message)" 2) µs CPU/msg ($(fmt "$(j s1-async-1k .producing_cpu_us_per_message)" 2) while producing);" \
+        "dispatch up to $(fmt "$(j s1-async-1k '.max_dispatch_lag_bytes / 1e6')" 0) MB behind"
+}
+s1_ratio() { ratio "$(j s1-async-1k .mb_per_sec)" "$write_mb"; }
+s2_result() {
+    echo "$(fmt "$(j s2-async-16k .messages_per_sec)") msg/s, $(fmt "$(j s2-async-16k .mb_per_sec)" 1) MB/s" \
+        "($(fmt "$(j s2-async-16k .log_mb_per_sec)" 1) MB/s log); put p99 $(fmt "$(j s2-async-16k .put_latency_us.p99)" 1) µs"
+}
+s2_ratio() { ratio "$(j s2-async-16k .mb_per_sec)" "$write_mb"; }
+s3_result() {
+    echo "$(fmt "$(j s3-sync-1k .messages_per_sec)") msg/s; put p50 $(fmt "$(j s3-sync-1k .put_latency_us.p50)" 1) µs," \
+        "p99 $(fmt "$(j s3-sync-1k .put_latency_us.p99)" 1) µs"
+}
+s3_ratio() { echo "$(ratio "$(j s3-sync-1k .put_latency_us.p99)" "$fsync_p99") (p99)"; }
+s4_result() {
+    echo "$(fmt "$(j s4-consumers .messages_per_sec)") msg/s put; end-to-end p50" \
+        "$(fmt "$(j s4-consumers .e2e_latency_us.p50)" 1) µs, p99 $(fmt "$(j s4-consumers .e2e_latency_us.p99)" 1) µs"
+}
+s4_ratio() {
+    echo "$(ratio "$(j s4-consumers '.consumed_while_producing / ([.messages, 1] | max)')" 1) read while producing"
+}
+
 {
     echo "# coremq benchmark results"
     echo
@@ -164,22 +204,15 @@ row() { printf '| %s | %s | %s | %s |\n' "$@"; }
     echo
     row scenario result baseline ratio
     row --- --- --- ---
-    row "1. async, 1 KiB, $(j s1-async-1k .config.shards) shards, 64 queues" \
-        "$(fmt "$(j s1-async-1k .messages_per_sec)") msg/s, $(fmt "$s1_mb" 1) MB/s ($(fmt "$(j s1-async-1k .log_mb_per_sec)" 1) MB/s log); put p99 $(fmt "$(j s1-async-1k .put_latency_us.p99)" 1) µs; $(fmt "$(j s1-async-1k .cpu_us_per_message)" 2) µs CPU/msg$(problem s1-async-1k)" \
-        "fio seq write $(fmt "$write_mb" 1) MB/s" \
-        "$(ratio "$s1_mb" "$write_mb")"
-    row "2. async, 16 KiB" \
-        "$(fmt "$(j s2-async-16k .messages_per_sec)") msg/s, $(fmt "$s2_mb" 1) MB/s ($(fmt "$(j s2-async-16k .log_mb_per_sec)" 1) MB/s log); put p99 $(fmt "$(j s2-async-16k .put_latency_us.p99)" 1) µs$(problem s2-async-16k)" \
-        "fio seq write $(fmt "$write_mb" 1) MB/s" \
-        "$(ratio "$s2_mb" "$write_mb")"
-    row "3. sync (group commit), 1 KiB, 256 outstanding" \
-        "$(fmt "$(j s3-sync-1k .messages_per_sec)") msg/s; put p50 $(fmt "$(j s3-sync-1k .put_latency_us.p50)" 1) µs, p99 $(fmt "$s3_p99" 1) µs$(problem s3-sync-1k)" \
+    scenario s1-async-1k "1. async, 1 KiB, all shards, 64 queues" \
+        "fio seq write $(fmt "$write_mb" 1) MB/s" s1_result s1_ratio
+    scenario s2-async-16k "2. async, 16 KiB" \
+        "fio seq write $(fmt "$write_mb" 1) MB/s" s2_result s2_ratio
+    scenario s3-sync-1k "3. sync (group commit), 1 KiB, 256 outstanding" \
         "fio 4 KiB write+fdatasync p50 $(fmt "$fsync_p50" 1) µs, p99 $(fmt "$fsync_p99" 1) µs ($(fmt "$sync_iops") IOPS)" \
-        "$(ratio "$s3_p99" "$fsync_p99") (p99)"
-    row "4. tailing consumers, $(fmt "$s4_rate") msg/s offered" \
-        "$(fmt "$(j s4-consumers .messages_per_sec)") msg/s put; end-to-end p50 $(fmt "$(j s4-consumers .e2e_latency_us.p50)" 1) µs, p99 $(fmt "$(j s4-consumers .e2e_latency_us.p99)" 1) µs$(problem s4-consumers)" \
-        "consumers read all while producing" \
-        "$(ratio "$s4_kept" 1) read while producing"
+        s3_result s3_ratio
+    scenario s4-consumers "4. tailing consumers, $(fmt "$s4_rate") msg/s offered" \
+        "consumers read all while producing" s4_result s4_ratio
     row "5. catch-up read" "not yet" "fio seq read $(fmt "$read_mb" 1) MB/s" "-"
     row "6. key queries" "not yet (key index)" "-" "-"
     row "7. abnormal recovery" "not yet" "fio seq read $(fmt "$read_mb" 1) MB/s" "-"
@@ -187,7 +220,7 @@ row() { printf '| %s | %s | %s | %s |\n' "$@"; }
     echo "MB = 10^6 bytes. MB/s counts message bodies (\"log\": CommitLog bytes with record headers and properties)."
     echo "Latencies are from the send time (the intended one under a target rate) and come from HDR histograms;"
     echo "fio's write+fdatasync figure is its write latency plus its fdatasync latency at the same percentile."
-    echo "Per-scenario JSON and SVG latency curves: $(basename "$detail")/."
+    echo "Per-scenario JSON, SVG latency curves and logs: $(basename "$detail")/."
 } >"$out/bench-results.md"
 
 jq -n \
@@ -212,9 +245,9 @@ jq -n \
             }
         },
         scenarios: {
-            "1_async_1k": ($s1[0] + {ratio_to_fio_write: ($s1[0].mb_per_sec * 1e6 / $write_bw)}),
-            "2_async_16k": ($s2[0] + {ratio_to_fio_write: ($s2[0].mb_per_sec * 1e6 / $write_bw)}),
-            "3_sync_1k": ($s3[0] + {p99_ratio_to_fio_fdatasync: ($s3[0].put_latency_us.p99 / $fsync_p99)}),
+            "1_async_1k": ($s1[0] + {ratio_to_fio_write: (($s1[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
+            "2_async_16k": ($s2[0] + {ratio_to_fio_write: (($s2[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
+            "3_sync_1k": ($s3[0] + {p99_ratio_to_fio_fdatasync: (($s3[0].put_latency_us.p99 // 0) / $fsync_p99)}),
             "4_consumers": $s4[0],
             "5_catch_up_read": "not yet",
             "6_key_queries": "not yet",

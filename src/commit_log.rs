@@ -78,7 +78,9 @@ impl Windows {
     /// Seals the open window and opens a free one after it.
     fn push_new(&mut self) {
         if let Some(Win::Open(_)) = self.resident.back() {
-            let Some(Win::Open(b)) = self.resident.pop_back() else { unreachable!() };
+            let Some(Win::Open(b)) = self.resident.pop_back() else {
+                unreachable!()
+            };
             self.resident.push_back(Win::Sealed(Rc::new(b)));
         }
         let buf = self.free.pop().expect("reserve() made room");
@@ -178,7 +180,11 @@ impl CommitLog {
             expected = Some(start + seg_bytes);
             segments.insert(start, File::open(&path, false).await?);
         }
-        let min_offset = segments.keys().next().copied().unwrap_or(cfg.log_base_offset);
+        let min_offset = segments
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(cfg.log_base_offset);
         let win_bytes = cfg.write_buffer_bytes as u64;
         let log = Rc::new(CommitLog {
             dir,
@@ -206,7 +212,9 @@ impl CommitLog {
         });
         // Re-verify at least the segment holding the last flushed byte on every open
         // (RocketMQ re-checks its last files too): damage there is refused, not served.
-        let verify_from = log.segment_start(durable_below.saturating_sub(1)).max(min_offset);
+        let verify_from = log
+            .segment_start(durable_below.saturating_sub(1))
+            .max(min_offset);
         let scan_from = scan_from.max(min_offset).min(verify_from);
         let report = log.scan(scan_from, durable_below, trust_end).await?;
         log.set_end(report.end).await?;
@@ -266,12 +274,7 @@ impl CommitLog {
     }
 
     /// Recovery scan: validates records from `from` and returns where valid data ends.
-    async fn scan(
-        &self,
-        from: u64,
-        durable_below: u64,
-        trust_end: bool,
-    ) -> Result<ScanReport> {
+    async fn scan(&self, from: u64, durable_below: u64, trust_end: bool) -> Result<ScanReport> {
         let chunk = (8 << 20).max(self.cfg.max_record_bytes() * 2);
         let max_total = self.cfg.max_record_bytes();
         let mut report = ScanReport::default();
@@ -305,7 +308,9 @@ impl CommitLog {
             };
             match record::decode(&buf[at..], verify) {
                 Ok(Decoded::Record(r)) => {
-                    if r.record_crc_verified == Some(true) && self.crc_required_from.get() == u64::MAX {
+                    if r.record_crc_verified == Some(true)
+                        && self.crc_required_from.get() == u64::MAX
+                    {
                         // Without a checkpoint, learn from the log: once a record
                         // carries the record-CRC property, all later ones must.
                         self.crc_required_from.set(pos);
@@ -342,8 +347,13 @@ impl CommitLog {
         // Never-written bytes exactly where a clean shutdown's checkpoint says the log
         // ends are the normal end: only later segments need a look (cheap: holes are
         // skipped). Anything else gets the full look past the bad record.
-        let is_end_of_data = kind == Corruption::BadMagic(0) && trust_end && bad_at == durable_below;
-        let look_from = if is_end_of_data { self.segment_start(bad_at) + self.seg_bytes } else { bad_at + 1 };
+        let is_end_of_data =
+            kind == Corruption::BadMagic(0) && trust_end && bad_at == durable_below;
+        let look_from = if is_end_of_data {
+            self.segment_start(bad_at) + self.seg_bytes
+        } else {
+            bad_at + 1
+        };
         let (found, last_nonzero) = self.resync_scan(look_from).await?;
         if let Some(valid_at) = found {
             return Err(Error::Corrupt {
@@ -473,7 +483,9 @@ impl CommitLog {
         self.committed.set(end);
         self.flushed.set(end);
         let win_start = end / self.win_bytes * self.win_bytes;
-        let prefix = self.read_files(win_start, (end - win_start) as usize).await?;
+        let prefix = self
+            .read_files(win_start, (end - win_start) as usize)
+            .await?;
         let mut w = self.windows.borrow_mut();
         for _ in 0..self.cfg.write_buffer_count {
             let mut b = allocate_dma_buffer(self.win_bytes as usize);
@@ -615,7 +627,9 @@ impl CommitLog {
             }
             let off = (pos % self.win_bytes) as usize;
             let n = src.len().min(self.win_bytes as usize - off);
-            let Some(Win::Open(buf)) = w.resident.back_mut() else { unreachable!() };
+            let Some(Win::Open(buf)) = w.resident.back_mut() else {
+                unreachable!()
+            };
             buf.as_bytes_mut()[off..off + n].copy_from_slice(&src[..n]);
             src = &src[n..];
             pos += n as u64;
@@ -725,7 +739,11 @@ impl CommitLog {
     async fn commit_once(&self, partial: bool) -> Result<bool> {
         let start = self.committed.get();
         let limit = |log: &CommitLog| {
-            if partial { log.written.get() } else { log.written.get().min(log.sealed_end()) }
+            if partial {
+                log.written.get()
+            } else {
+                log.written.get().min(log.sealed_end())
+            }
         };
         let target = limit(self);
         if target <= start {
@@ -781,7 +799,9 @@ impl CommitLog {
             let win_start = idx * self.win_bytes;
             let win_end = win_start + self.win_bytes;
             let seg = self.segment_start(pos);
-            let file = self.segment_file(seg).expect("segments ensured before planning");
+            let file = self
+                .segment_file(seg)
+                .expect("segments ensured before planning");
             let win = &w.resident[(idx - w.first) as usize];
             if let (Win::Sealed(rc), true) = (win, pos == win_start && target >= win_end) {
                 writes.push((file, pos - seg, CommitJob::Whole(rc.clone())));
@@ -792,7 +812,8 @@ impl CommitLog {
             let len = align_up(end - pos) as usize;
             let off = (pos - win_start) as usize;
             let mut buf = file.dma.alloc_dma_buffer(len);
-            buf.as_bytes_mut().copy_from_slice(&win.bytes()[off..off + len]);
+            buf.as_bytes_mut()
+                .copy_from_slice(&win.bytes()[off..off + len]);
             writes.push((file, pos - seg, CommitJob::Copy(buf)));
             pos = end;
         }

@@ -159,7 +159,9 @@ impl StoreConfig {
         let seg = self.commit_log_segment_bytes;
         let win = self.write_buffer_bytes as u64;
         if win == 0 || !win.is_multiple_of(PAGE) {
-            return bad(format!("write_buffer_bytes {win} must be a positive multiple of 4096"));
+            return bad(format!(
+                "write_buffer_bytes {win} must be a positive multiple of 4096"
+            ));
         }
         if seg < win || !seg.is_multiple_of(win) {
             return bad(format!(
@@ -185,8 +187,11 @@ impl StoreConfig {
         if self.commit_chunk_bytes == 0 || !(self.commit_chunk_bytes as u64).is_multiple_of(PAGE) {
             return bad("commit_chunk_bytes must be a positive multiple of 4096".into());
         }
-        if self.commit_max_inflight == 0 || self.max_get_count == 0 || self.max_batch_messages == 0 {
-            return bad("commit_max_inflight, max_get_count, max_batch_messages must be positive".into());
+        if self.commit_max_inflight == 0 || self.max_get_count == 0 || self.max_batch_messages == 0
+        {
+            return bad(
+                "commit_max_inflight, max_get_count, max_batch_messages must be positive".into(),
+            );
         }
         if self.max_topic_len == 0 || self.max_topic_len > 255 {
             return bad("max_topic_len must be within 1..=255".into());
@@ -201,7 +206,10 @@ impl StoreConfig {
             return bad("max_queue_id_exclusive must be positive".into());
         }
         if self.index_hash_slots == 0 || self.index_hash_slots > i32::MAX as u32 / 4 {
-            return bad(format!("index_hash_slots {} must be within 1..=536870911", self.index_hash_slots));
+            return bad(format!(
+                "index_hash_slots {} must be within 1..=536870911",
+                self.index_hash_slots
+            ));
         }
         if self.index_max_entries < 2 || self.index_max_entries > i32::MAX as u32 {
             return bad(format!(
@@ -216,7 +224,10 @@ impl StoreConfig {
                 crate::index::MIN_PAGES * PAGE as usize
             ));
         }
-        if self.query_max == 0 || self.query_default_max == 0 || self.query_default_max > self.query_max {
+        if self.query_max == 0
+            || self.query_default_max == 0
+            || self.query_default_max > self.query_max
+        {
             return bad("query_default_max and query_max must be positive, default <= max".into());
         }
         Ok(())

@@ -32,7 +32,9 @@ pub enum Placed {
     /// Already present (dispatch is idempotent).
     Duplicate,
     /// The queue is missing entries before this one.
-    Gap { expected: u64 },
+    Gap {
+        expected: u64,
+    },
 }
 
 pub struct ConsumeQueue {
@@ -49,11 +51,19 @@ pub struct ConsumeQueue {
 }
 
 impl ConsumeQueue {
-    pub fn new(root: &std::path::Path, topic: &str, queue_id: i32, entries_per_file: u64) -> ConsumeQueue {
+    pub fn new(
+        root: &std::path::Path,
+        topic: &str,
+        queue_id: i32,
+        entries_per_file: u64,
+    ) -> ConsumeQueue {
         ConsumeQueue {
             topic: topic.to_string(),
             queue_id,
-            dir: root.join("consumequeue").join(topic).join(queue_id.to_string()),
+            dir: root
+                .join("consumequeue")
+                .join(topic)
+                .join(queue_id.to_string()),
             entries_per_file,
             file_bytes: entries_per_file * E,
             files: RefCell::new(BTreeMap::new()),
@@ -96,7 +106,10 @@ impl ConsumeQueue {
             if byte_pos % self.file_bytes != 0 {
                 return Err(Error::BadLayout {
                     path,
-                    why: format!("consume-queue file name is not a multiple of {}", self.file_bytes),
+                    why: format!(
+                        "consume-queue file name is not a multiple of {}",
+                        self.file_bytes
+                    ),
                 });
             }
             let f = File::open(&path, false).await?;
@@ -124,7 +137,10 @@ impl ConsumeQueue {
         // Files must follow each other with no gap: a missing file in the middle
         // means lost entries (the store then rebuilds this queue from the log).
         let firsts: Vec<u64> = self.files.borrow().keys().copied().collect();
-        if let Some(w) = firsts.windows(2).find(|w| w[1] != w[0] + self.entries_per_file) {
+        if let Some(w) = firsts
+            .windows(2)
+            .find(|w| w[1] != w[0] + self.entries_per_file)
+        {
             return Err(Error::Corrupt {
                 path: self.file_path(w[0] + self.entries_per_file),
                 offset: 0,
@@ -142,7 +158,9 @@ impl ConsumeQueue {
             let mut n = 0u64;
             let mut last_end = 0;
             for chunk in data.chunks_exact(ENTRY_LEN) {
-                let Some(e) = CqEntry::decode(chunk) else { break };
+                let Some(e) = CqEntry::decode(chunk) else {
+                    break;
+                };
                 if !e.is_valid() {
                     break;
                 }
@@ -165,7 +183,12 @@ impl ConsumeQueue {
         self.max.set(end_entry);
         self.max_phys_end.set(last_end);
         // Erase whatever follows the end (stale or torn entries) and later files.
-        let doomed: Vec<u64> = self.files.borrow().range(first + 1..).map(|(k, _)| *k).collect();
+        let doomed: Vec<u64> = self
+            .files
+            .borrow()
+            .range(first + 1..)
+            .map(|(k, _)| *k)
+            .collect();
         for k in doomed {
             let f = self.files.borrow_mut().remove(&k).unwrap();
             std::fs::remove_file(&f.path).map_err(|e| Error::io("remove", &f.path, 0, e))?;
@@ -184,7 +207,13 @@ impl ConsumeQueue {
                 file.write_aligned(page_pos, &page).await?;
             }
             file.sync().await?;
-            self.tails.borrow_mut().insert(first, Tail { page_pos, bytes: prefix });
+            self.tails.borrow_mut().insert(
+                first,
+                Tail {
+                    page_pos,
+                    bytes: prefix,
+                },
+            );
         }
         // The minimum: first real entry that still points into the log.
         let first_file = *self.files.borrow().keys().next().unwrap();
@@ -211,7 +240,11 @@ impl ConsumeQueue {
             return Placed::Duplicate;
         }
         if q > max {
-            if allow_late_start && max == 0 && self.files.borrow().is_empty() && self.tails.borrow().is_empty() {
+            if allow_late_start
+                && max == 0
+                && self.files.borrow().is_empty()
+                && self.tails.borrow().is_empty()
+            {
                 // An empty queue may start anywhere (its earlier files were removed).
                 self.min.set(q);
                 self.max.set(q);
@@ -226,7 +259,12 @@ impl ConsumeQueue {
         // missing tail means a new file: entries before `byte` (a queue that starts
         // mid-file) are RocketMQ's pre-blank entries.
         let tail = tails.entry(first).or_insert_with(|| {
-            let blank = CqEntry { phys_offset: 0, size: PRE_BLANK_SIZE, tags_code: 0 }.encode();
+            let blank = CqEntry {
+                phys_offset: 0,
+                size: PRE_BLANK_SIZE,
+                tags_code: 0,
+            }
+            .encode();
             let mut bytes = Vec::with_capacity(byte as usize + ENTRY_LEN);
             while (bytes.len() as u64) < byte {
                 bytes.extend_from_slice(&blank);
@@ -236,7 +274,8 @@ impl ConsumeQueue {
         debug_assert_eq!(tail.page_pos + tail.bytes.len() as u64, byte);
         tail.bytes.extend_from_slice(&entry.encode());
         self.max.set(q + 1);
-        self.max_phys_end.set(entry.phys_offset as u64 + entry.size as u64);
+        self.max_phys_end
+            .set(entry.phys_offset as u64 + entry.size as u64);
         Placed::Appended
     }
 
@@ -256,7 +295,12 @@ impl ConsumeQueue {
         let (from_byte, to_byte) = ((q - first) * E, (end - first) * E);
         // The byte stream [from_byte, to_byte): the part before the tail's first page
         // from the file, the rest from memory. An entry may straddle the two.
-        let tail_pos = self.tails.borrow().get(&first).map(|t| t.page_pos).unwrap_or(u64::MAX);
+        let tail_pos = self
+            .tails
+            .borrow()
+            .get(&first)
+            .map(|t| t.page_pos)
+            .unwrap_or(u64::MAX);
         let mut bytes = Vec::with_capacity((to_byte - from_byte) as usize);
         if from_byte < tail_pos {
             let disk_to = to_byte.min(tail_pos);
@@ -268,7 +312,10 @@ impl ConsumeQueue {
             if (bytes.len() as u64) < disk_to - from_byte {
                 // Short file: return the whole entries we have.
                 bytes.truncate(bytes.len() / ENTRY_LEN * ENTRY_LEN);
-                return Ok(bytes.chunks_exact(ENTRY_LEN).filter_map(CqEntry::decode).collect());
+                return Ok(bytes
+                    .chunks_exact(ENTRY_LEN)
+                    .filter_map(CqEntry::decode)
+                    .collect());
             }
         }
         let tails = self.tails.borrow();
@@ -280,7 +327,10 @@ impl ConsumeQueue {
                 bytes.extend_from_slice(&t.bytes[a..b]);
             }
         }
-        Ok(bytes.chunks_exact(ENTRY_LEN).filter_map(CqEntry::decode).collect())
+        Ok(bytes
+            .chunks_exact(ENTRY_LEN)
+            .filter_map(CqEntry::decode)
+            .collect())
     }
 
     /// Writes the in-memory tail to disk and fdatasyncs it.
@@ -335,7 +385,11 @@ mod tests {
     use super::*;
 
     fn entry(i: u64) -> CqEntry {
-        CqEntry { phys_offset: i as i64 * 100, size: 100, tags_code: i as i64 }
+        CqEntry {
+            phys_offset: i as i64 * 100,
+            size: 100,
+            tags_code: i as i64,
+        }
     }
 
     #[test]
@@ -359,7 +413,10 @@ mod tests {
                     }
                 }
                 assert_eq!(cq.put(5, entry(5), false), Placed::Duplicate);
-                assert_eq!(cq.put(2501, entry(5), false), Placed::Gap { expected: 2500 });
+                assert_eq!(
+                    cq.put(2501, entry(5), false),
+                    Placed::Gap { expected: 2500 }
+                );
                 cq.flush().await.unwrap();
                 let cq2 = ConsumeQueue::new(&root, "T", 0, 1000);
                 cq2.load(0, 2500 * 100).await.unwrap();

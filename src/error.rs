@@ -43,12 +43,27 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn io(op: &'static str, path: impl Into<PathBuf>, offset: u64, source: std::io::Error) -> Error {
-        Error::Io { op, path: path.into(), offset, source }
+    pub fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        offset: u64,
+        source: std::io::Error,
+    ) -> Error {
+        Error::Io {
+            op,
+            path: path.into(),
+            offset,
+            source,
+        }
     }
 
     /// glommio wraps io errors in its own type; keep the original errno.
-    pub fn glommio(op: &'static str, path: impl Into<PathBuf>, offset: u64, e: glommio::GlommioError<()>) -> Error {
+    pub fn glommio(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        offset: u64,
+        e: glommio::GlommioError<()>,
+    ) -> Error {
         Error::io(op, path, offset, std::io::Error::from(e))
     }
 }

@@ -1157,7 +1157,10 @@ pub struct KeyHit {
 /// the hits and the problems met (files of another size, unreadable records).
 pub fn key_hits(root: &Path, q: &KeyQuery) -> Result<(Vec<KeyHit>, Vec<String>)> {
     use crate::format::index_file::{self as ixf, Geometry, IndexEntry, IndexHeader};
-    let geo = Geometry { slots: q.slots, entries: q.entries };
+    let geo = Geometry {
+        slots: q.slots,
+        entries: q.entries,
+    };
     let dir = root.join("index");
     let mut problems = Vec::new();
     let mut names: Vec<String> = match std::fs::read_dir(&dir) {
@@ -1180,7 +1183,10 @@ pub fn key_hits(root: &Path, q: &KeyQuery) -> Result<(Vec<KeyHit>, Vec<String>)>
     for name in names {
         let path = dir.join(&name);
         let file = File::open(&path).map_err(|e| Error::io("open", &path, 0, e))?;
-        let len = file.metadata().map_err(|e| Error::io("stat", &path, 0, e))?.len();
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, 0, e))?
+            .len();
         if len != geo.file_len() {
             problems.push(format!(
                 "{}: {len} bytes, not {} (pass the store's --index-slots and --index-entries)",
@@ -1189,7 +1195,9 @@ pub fn key_hits(root: &Path, q: &KeyQuery) -> Result<(Vec<KeyHit>, Vec<String>)>
             ));
             continue;
         }
-        let read = |pos: u64, n: usize| read_full_at(&file, pos, n).map_err(|e| Error::io("read", &path, pos, e));
+        let read = |pos: u64, n: usize| {
+            read_full_at(&file, pos, n).map_err(|e| Error::io("read", &path, pos, e))
+        };
         let Ok(h) = IndexHeader::decode(&read(0, ixf::HEADER_LEN)?) else {
             problems.push(format!("{}: damaged header", path.display()));
             continue;
@@ -1201,28 +1209,47 @@ pub fn key_hits(root: &Path, q: &KeyQuery) -> Result<(Vec<KeyHit>, Vec<String>)>
             let slot = read(geo.slot_pos(geo.slot_of(hash)), 4)?;
             let mut i = crate::format::be_i32(&slot, 0).unwrap_or(0);
             while geo.valid_link(i, h.index_count) {
-                let Ok(e) = IndexEntry::decode(&read(geo.entry_pos(i as u32), ixf::ENTRY_LEN)?) else {
+                let Ok(e) = IndexEntry::decode(&read(geo.entry_pos(i as u32), ixf::ENTRY_LEN)?)
+                else {
                     break;
                 };
                 let t = e.time(&h);
                 if t.saturating_add(999) < q.begin {
                     break;
                 }
-                if e.key_hash == hash && t <= q.end && e.phy_offset >= 0 && seen.insert(e.phy_offset) {
+                if e.key_hash == hash
+                    && t <= q.end
+                    && e.phy_offset >= 0
+                    && seen.insert(e.phy_offset)
+                {
                     let at = e.phy_offset as u64;
                     match read_record(&log, at) {
                         Ok(raw) => {
-                            if let Ok(Decoded::Record(r)) = record::decode(&raw, log.verify(at, true)) {
-                                let key_ok = ixf::has_key(r.property(properties::UNIQ_KEY), r.keys(), &q.key);
-                                if r.topic == q.topic && key_ok && (q.begin..=q.end).contains(&r.store_timestamp) {
-                                    hits.push(KeyHit { index_file: name.clone(), record: RecordInfo::new(at, &r, None) });
+                            if let Ok(Decoded::Record(r)) =
+                                record::decode(&raw, log.verify(at, true))
+                            {
+                                let key_ok = ixf::has_key(
+                                    r.property(properties::UNIQ_KEY),
+                                    r.keys(),
+                                    &q.key,
+                                );
+                                if r.topic == q.topic
+                                    && key_ok
+                                    && (q.begin..=q.end).contains(&r.store_timestamp)
+                                {
+                                    hits.push(KeyHit {
+                                        index_file: name.clone(),
+                                        record: RecordInfo::new(at, &r, None),
+                                    });
                                 }
                             }
                         }
                         Err(why) => {
                             // Removed by retention or lost with a torn tail: not a hit.
                             if at >= log.min_offset() {
-                                problems.push(format!("{name}: entry {i} -> commit-log offset {at}: {why}"));
+                                problems.push(format!(
+                                    "{name}: entry {i} -> commit-log offset {at}: {why}"
+                                ));
                             }
                         }
                     }

@@ -29,14 +29,19 @@ pub async fn prime_executor(dir: &Path) -> Result<()> {
     std::fs::File::open(&path)
         .and_then(|f| f.sync_all())
         .map_err(|e| Error::io("fsync probe", &path, 0, e))?;
-    let f = DmaFile::open(&path).await.map_err(|e| Error::glommio("open probe", &path, 0, e))?;
+    let f = DmaFile::open(&path)
+        .await
+        .map_err(|e| Error::glommio("open probe", &path, 0, e))?;
     let r = f
         .read_at_aligned(0, PAGE)
         .await
         .map_err(|e| Error::glommio("read probe", &path, 0, e))?;
     let _ = f.close().await;
     if r.len() != PAGE || r[0] != 0x5A {
-        return Err(Error::BadLayout { path, why: "probe file read back wrong bytes".into() });
+        return Err(Error::BadLayout {
+            path,
+            why: "probe file read back wrong bytes".into(),
+        });
     }
     Ok(())
 }
@@ -57,13 +62,19 @@ impl File {
             .dma_open(path)
             .await
             .map_err(|e| Error::glommio("open", path, 0, e))?;
-        Ok(Rc::new(File { path: path.to_path_buf(), dma }))
+        Ok(Rc::new(File {
+            path: path.to_path_buf(),
+            dma,
+        }))
     }
 
     /// Creates a file of exactly `len` bytes (sparse) and fsyncs its directory entry.
     pub async fn create_sized(path: &Path, len: u64) -> Result<Rc<File>> {
         let f = File::open(path, true).await?;
-        f.dma.truncate(len).await.map_err(|e| Error::glommio("truncate", path, len, e))?;
+        f.dma
+            .truncate(len)
+            .await
+            .map_err(|e| Error::glommio("truncate", path, len, e))?;
         f.sync().await?;
         sync_dir(path.parent().unwrap_or(Path::new(".")))?;
         Ok(f)
@@ -94,7 +105,10 @@ impl File {
     fn written(&self, pos: u64, len: usize, n: glommio::Result<usize, ()>) -> Result<()> {
         let n = n.map_err(|e| Error::glommio("write", &self.path, pos, e))?;
         if n != len {
-            let short = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write {n} of {len}"));
+            let short = std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("short write {n} of {len}"),
+            );
             return Err(Error::io("write", &self.path, pos, short));
         }
         Ok(())
@@ -109,15 +123,24 @@ impl File {
     }
 
     pub async fn sync(&self) -> Result<()> {
-        self.dma.fdatasync().await.map_err(|e| Error::glommio("fdatasync", &self.path, 0, e))
+        self.dma
+            .fdatasync()
+            .await
+            .map_err(|e| Error::glommio("fdatasync", &self.path, 0, e))
     }
 
     pub async fn truncate(&self, len: u64) -> Result<()> {
-        self.dma.truncate(len).await.map_err(|e| Error::glommio("truncate", &self.path, len, e))
+        self.dma
+            .truncate(len)
+            .await
+            .map_err(|e| Error::glommio("truncate", &self.path, len, e))
     }
 
     pub async fn size(&self) -> Result<u64> {
-        self.dma.file_size().await.map_err(|e| Error::glommio("stat", &self.path, 0, e))
+        self.dma
+            .file_size()
+            .await
+            .map_err(|e| Error::glommio("stat", &self.path, 0, e))
     }
 }
 

@@ -414,19 +414,23 @@ impl StartGate {
     }
 }
 
-/// Marks the gate failed if a shard thread dies (panics) before arriving.
-struct ArriveGuard(Arc<StartGate>, bool);
+/// Marks the gate failed if a shard thread ends (fails, panics) before arriving.
+struct ArriveGuard {
+    gate: Arc<StartGate>,
+    arrived: Rc<Cell<bool>>,
+}
 
 impl Drop for ArriveGuard {
     fn drop(&mut self) {
-        if !self.1 {
-            self.0.fail();
+        if !self.arrived.get() {
+            self.gate.fail();
         }
     }
 }
 
 /// Counts a shard thread as finished however it ends (a panic included), so the
-/// caller never waits for a thread that is gone.
+/// caller never waits for a thread that is gone. It lives on the thread's stack, not in
+/// the shard's future: glommio does not drop a task's future when the task panics.
 struct FinishGuard(Arc<AtomicUsize>);
 
 impl Drop for FinishGuard {
@@ -437,7 +441,7 @@ impl Drop for FinishGuard {
 
 /// Running shards started by [`spawn_shards`].
 pub struct ShardSet<T: Send + 'static> {
-    handles: Vec<glommio::ExecutorJoinHandle<Result<T, String>>>,
+    handles: Vec<std::thread::JoinHandle<Result<T, String>>>,
     finished: Arc<AtomicUsize>,
 }
 
@@ -457,8 +461,13 @@ impl<T: Send + 'static> ShardSet<T> {
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
-                Err(e) => {
-                    first_err.get_or_insert(format!("shard {i}: {e}"));
+                Err(panic) => {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    first_err.get_or_insert(format!("shard {i} panicked: {why}"));
                 }
             }
         }
@@ -501,16 +510,25 @@ where
         let mut cfg = template.clone();
         cfg.root = root.join(format!("shard-{i}"));
         let (gate2, finished2, job) = (gate.clone(), finished.clone(), job.clone());
-        let spawned =
+        let builder =
             glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpus[i % cpus.len()]))
                 .name(&format!("shard-{i}"))
                 .io_memory(64 << 20)
-                .preempt_timer(PREEMPT_TIMER)
-                .spawn(move || async move {
-                    let _finished = FinishGuard(finished2);
-                    let mut guard = ArriveGuard(gate2.clone(), false);
-                    shard_main(i, cfg, &mut guard, job).await
-                });
+                .preempt_timer(PREEMPT_TIMER);
+        let spawned = std::thread::Builder::new()
+            .name(format!("shard-{i}"))
+            .spawn(move || {
+                let _finished = FinishGuard(finished2);
+                let arrived = Rc::new(Cell::new(false));
+                let _arrival = ArriveGuard {
+                    gate: gate2.clone(),
+                    arrived: arrived.clone(),
+                };
+                let executor = builder
+                    .make()
+                    .map_err(|e| format!("shard {i}: cannot start its executor: {e}"))?;
+                executor.run(shard_main(i, cfg, &gate2, &arrived, job))
+            });
         match spawned {
             Ok(h) => handles.push(h),
             Err(e) => {
@@ -536,7 +554,8 @@ where
 async fn shard_main<T, J, Fut>(
     i: usize,
     cfg: StoreConfig,
-    guard: &mut ArriveGuard,
+    gate: &StartGate,
+    arrived: &Cell<bool>,
     job: J,
 ) -> Result<T, String>
 where
@@ -546,8 +565,8 @@ where
     let root = cfg.root.clone();
     let opened = Store::open(cfg).await;
     // Blocking here is fine: nothing else of this shard has started yet.
-    let all_ready = guard.0.arrive(opened.is_ok());
-    guard.1 = true;
+    let all_ready = gate.arrive(opened.is_ok());
+    arrived.set(true);
     let store = opened.map_err(|e| format!("shard {i}: cannot open {}: {e}", root.display()))?;
     if !all_ready {
         let _ = store.shutdown().await;
@@ -579,6 +598,8 @@ struct ShardCounters {
     produced: AtomicBool,
     /// Rounds of the monitor task: whether the shard's executor still runs tasks.
     heartbeat: AtomicU64,
+    /// Largest written - dispatched the monitor saw: records not yet visible to gets.
+    max_dispatch_lag: AtomicU64,
 }
 
 const MONITOR_INTERVAL: Duration = Duration::from_millis(100);
@@ -735,8 +756,13 @@ async fn shard_job(index: usize, store: Store, plan: Arc<Plan>) -> ShardResult {
         consumers.push(spawn_local_into(watch_dispatch(shard.clone()), tq).expect("spawn watcher"));
     }
 
-    let monitor = spawn_local_into(monitor(shard.clone()), executor().current_task_queue())
-        .expect("spawn monitor");
+    // Detached: it keeps reporting while the store shuts down, until the executor ends.
+    spawn_local_into(
+        monitor(store.clone(), plan.clone(), index),
+        executor().current_task_queue(),
+    )
+    .expect("spawn monitor")
+    .detach();
 
     let tq = executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "producers");
     let mut lanes = Vec::new();
@@ -803,7 +829,6 @@ async fn shard_job(index: usize, store: Store, plan: Arc<Plan>) -> ShardResult {
         ));
     }
     shard.drained.set(true);
-    monitor.await;
     let c = shard.counters();
     ShardResult {
         start_ns,
@@ -977,21 +1002,23 @@ async fn watch_dispatch(shard: Rc<Shard>) {
     shard.visible.notify();
 }
 
-/// Publishes the store's log positions for the progress thread until the shard is done.
-async fn monitor(shard: Rc<Shard>) {
-    let store = &shard.store;
-    while shard.producing.get() || !shard.drained.get() {
+/// Publishes the store's log positions for the progress thread, until the executor
+/// ends (after the store's shutdown).
+async fn monitor(store: Store, plan: Arc<Plan>, index: usize) {
+    loop {
         let positions = [
             store.max_log_offset(),
             store.committed_log_offset(),
             store.flushed_log_offset(),
             store.dispatched_log_offset(),
         ];
-        let c = shard.counters();
+        let c = &plan.counters[index];
         for (a, v) in c.log.iter().zip(positions) {
             a.store(v, Ordering::Relaxed);
         }
         c.heartbeat.fetch_add(1, Ordering::Relaxed);
+        c.max_dispatch_lag
+            .fetch_max(positions[0] - positions[3], Ordering::Relaxed);
         glommio::timer::sleep(MONITOR_INTERVAL).await;
     }
 }
@@ -1115,6 +1142,11 @@ pub struct Report {
     /// Nanoseconds; empty without consumers.
     pub e2e_latency: Histogram<u64>,
     pub cpu_seconds: f64,
+    /// CPU time until every producer was done (what remains after it is the drain,
+    /// dispatch catching up and the final flush).
+    pub producing_cpu_seconds: f64,
+    /// The most any shard's dispatch lagged behind its puts (sampled every 100 ms).
+    pub max_dispatch_lag_bytes: u64,
     pub peak_rss_bytes: u64,
     /// `/proc/loadavg` before the run: other load on the machine skews the numbers.
     pub load_before: String,
@@ -1157,10 +1189,19 @@ impl Report {
     }
 
     pub fn cpu_us_per_message(&self) -> f64 {
+        self.per_message_us(self.cpu_seconds)
+    }
+
+    /// CPU per message counting only the producing window.
+    pub fn producing_cpu_us_per_message(&self) -> f64 {
+        self.per_message_us(self.producing_cpu_seconds)
+    }
+
+    fn per_message_us(&self, cpu_seconds: f64) -> f64 {
         if self.messages == 0 {
             0.0
         } else {
-            self.cpu_seconds * 1e6 / self.messages as f64
+            cpu_seconds * 1e6 / self.messages as f64
         }
     }
 
@@ -1218,6 +1259,9 @@ impl Report {
             "e2e_latency_us": Report::latency_json(&self.e2e_latency),
             "cpu_seconds": self.cpu_seconds,
             "cpu_us_per_message": self.cpu_us_per_message(),
+            "producing_cpu_seconds": self.producing_cpu_seconds,
+            "producing_cpu_us_per_message": self.producing_cpu_us_per_message(),
+            "max_dispatch_lag_bytes": self.max_dispatch_lag_bytes,
             "cpu_utilisation": if self.total_seconds > 0.0 {
                 self.cpu_seconds / (self.total_seconds * self.shards as f64)
             } else {
@@ -1279,13 +1323,19 @@ impl Report {
         latency("end-to-end", &self.e2e_latency);
         let _ = writeln!(
             s,
-            "  cpu         {:.3} us/message ({:.2} s cpu over {:.2} s with {} shards)  \
-             peak RSS {:.1} MiB",
+            "  cpu         {:.3} us/message ({:.3} while producing; {:.2} s cpu over {:.2} s \
+             with {} shards)  peak RSS {:.1} MiB",
             self.cpu_us_per_message(),
+            self.producing_cpu_us_per_message(),
             self.cpu_seconds,
             self.total_seconds,
             self.shards,
             self.peak_rss_bytes as f64 / (1 << 20) as f64
+        );
+        let _ = writeln!(
+            s,
+            "  dispatch    lagged up to {:.1} MB behind puts (records not yet visible to gets)",
+            self.max_dispatch_lag_bytes as f64 / 1e6
         );
         if c.consumers {
             let _ = writeln!(
@@ -1531,9 +1581,18 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
     let started = Instant::now();
     let progress = Progress::new(&plan, started, !cfg.quiet);
     let stop = AtomicBool::new(false);
+    let all_produced = || {
+        plan.counters
+            .iter()
+            .all(|c| c.produced.load(Ordering::Relaxed))
+    };
+    let mut cpu_produced = None;
     std::thread::scope(|s| {
         s.spawn(|| progress.run(&stop));
         while !set.all_finished() {
+            if cpu_produced.is_none() && all_produced() {
+                cpu_produced = Some(process_usage().0);
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         stop.store(true, Ordering::Relaxed);
@@ -1559,6 +1618,13 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
         put_latency: new_histogram(),
         e2e_latency: new_histogram(),
         cpu_seconds: cpu_end - cpu_start,
+        producing_cpu_seconds: cpu_produced.unwrap_or(cpu_end) - cpu_start,
+        max_dispatch_lag_bytes: plan
+            .counters
+            .iter()
+            .map(|c| c.max_dispatch_lag.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0),
         peak_rss_bytes,
         load_before,
     };
@@ -1651,12 +1717,22 @@ impl<'a> Progress<'a> {
             }
             let t = self.totals();
             let dt = now.duration_since(last_at).as_secs_f64();
+            let dispatch_lag: u64 = self
+                .plan
+                .counters
+                .iter()
+                .map(|c| {
+                    let written = c.log[0].load(Ordering::Relaxed);
+                    written.saturating_sub(c.log[3].load(Ordering::Relaxed))
+                })
+                .sum();
             let mut line = format!(
-                "[{:>6.1}s] put {:>10.0} msg/s {:>8.1} MB/s  total {:>11}",
+                "[{:>6.1}s] put {:>10.0} msg/s {:>8.1} MB/s  total {:>11}  dispatch lag {:>7.1} MB",
                 now.duration_since(self.started).as_secs_f64(),
                 (t.0 - last.0) as f64 / dt,
                 (t.1 - last.1) as f64 / dt / 1e6,
-                t.0
+                t.0,
+                dispatch_lag as f64 / 1e6
             );
             if self.plan.cfg.consumers {
                 let _ = write!(

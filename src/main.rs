@@ -143,7 +143,15 @@ fn inspect_cmd(what: Inspect) -> ExitCode {
             found
         }
         Inspect::Check { dir } => inspect::print_check(dir, &mut out),
-        Inspect::Key { dir, topic, key, begin, end, index_slots, index_entries } => {
+        Inspect::Key {
+            dir,
+            topic,
+            key,
+            begin,
+            end,
+            index_slots,
+            index_entries,
+        } => {
             let q = inspect::KeyQuery {
                 topic: topic.clone(),
                 key: key.clone(),
@@ -154,7 +162,10 @@ fn inspect_cmd(what: Inspect) -> ExitCode {
             };
             let found = inspect::print_key(dir, &q, &mut out);
             if let Ok(false) = found {
-                eprintln!("no message of topic {topic} with key {key:?} under {}", dir.display());
+                eprintln!(
+                    "no message of topic {topic} with key {key:?} under {}",
+                    dir.display()
+                );
             }
             found
         }

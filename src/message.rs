@@ -57,7 +57,10 @@ impl Message {
     }
 
     pub fn property(&self, name: &str) -> Option<&str> {
-        self.properties.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.properties
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -176,13 +179,23 @@ impl StoredMessage {
     /// Decodes a raw record (as returned by `get`), verifying its checksums.
     pub fn decode(raw: &Bytes) -> Result<StoredMessage, crate::format::Corruption> {
         use crate::format::record::{Decoded, Verify, decode};
-        let verify = Verify { crc: true, at_offset: None, max_total_size: raw.len(), require_record_crc: false };
+        let verify = Verify {
+            crc: true,
+            at_offset: None,
+            max_total_size: raw.len(),
+            require_record_crc: false,
+        };
         let Decoded::Record(r) = decode(raw, verify)? else {
-            return Err(crate::format::Corruption::BadMagic(crate::format::record::BLANK_MAGIC));
+            return Err(crate::format::Corruption::BadMagic(
+                crate::format::record::BLANK_MAGIC,
+            ));
         };
         let body_start = r.body.as_ptr() as usize - raw.as_ptr() as usize;
         let msg_id = match r.store_host {
-            SocketAddr::V4(h) => Some(MessageId { store_host: h, offset: r.phys_offset as u64 }),
+            SocketAddr::V4(h) => Some(MessageId {
+                store_host: h,
+                offset: r.phys_offset as u64,
+            }),
             SocketAddr::V6(_) => None,
         };
         Ok(StoredMessage {
@@ -209,6 +222,9 @@ impl StoredMessage {
     }
 
     pub fn property(&self, name: &str) -> Option<&str> {
-        self.properties.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.properties
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 }

@@ -79,7 +79,9 @@ impl ShardedConfig {
     pub fn new(root: impl Into<PathBuf>) -> ShardedConfig {
         let root = root.into();
         ShardedConfig {
-            shards: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            shards: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             pin: true,
             store: StoreConfig::new(&root),
             root,
@@ -104,12 +106,26 @@ type LocalJob = Box<dyn FnOnce(ShardContext) -> Pin<Box<dyn Future<Output = ()>>
 enum Request {
     Put(Box<Message>, Reply<PutResult>),
     PutBatch(Vec<Message>, Reply<PutResult>),
-    Get { topic: String, queue_id: i32, offset: u64, max_count: usize, max_bytes: usize, reply: Reply<Result<GetResult>> },
+    Get {
+        topic: String,
+        queue_id: i32,
+        offset: u64,
+        max_count: usize,
+        max_bytes: usize,
+        reply: Reply<Result<GetResult>>,
+    },
     LookByOffset(LogOffset, Reply<Result<Option<StoredMessage>>>),
     QueueOffsets(String, i32, Reply<(QueueOffset, QueueOffset)>),
     OffsetByTime(String, i32, i64, Reply<Result<QueueOffset>>),
     EarliestTime(String, i32, Reply<Result<i64>>),
-    QueryByKey { topic: String, key: String, max: usize, begin_ms: i64, end_ms: i64, reply: Reply<Result<Vec<StoredMessage>>> },
+    QueryByKey {
+        topic: String,
+        key: String,
+        max: usize,
+        begin_ms: i64,
+        end_ms: i64,
+        reply: Reply<Result<Vec<StoredMessage>>>,
+    },
     LogOffsets(Reply<ShardStatus>),
     WaitDispatched(Reply<()>),
     Flush(Reply<Result<LogOffset>>),
@@ -169,10 +185,16 @@ fn read_or_create_meta(root: &Path, shards: usize) -> Result<()> {
                     .and_then(|v| v.trim().parse::<u64>().ok())
             };
             let (Some(format), Some(found)) = (field("format"), field("shards")) else {
-                return Err(Error::BadLayout { path, why: "store.meta is unreadable".into() });
+                return Err(Error::BadLayout {
+                    path,
+                    why: "store.meta is unreadable".into(),
+                });
             };
             if format != META_FORMAT_VERSION as u64 {
-                return Err(Error::BadLayout { path, why: format!("unknown store format {format}") });
+                return Err(Error::BadLayout {
+                    path,
+                    why: format!("unknown store format {format}"),
+                });
             }
             if found as usize != shards {
                 return Err(Error::Config(format!(
@@ -201,7 +223,9 @@ impl ShardedStore {
     /// calling thread until all shards are open; call it outside any executor.
     pub fn open(cfg: ShardedConfig) -> Result<ShardedStore> {
         if cfg.shards == 0 || cfg.shards > MAX_SHARDS {
-            return Err(Error::Config(format!("shards must be within 1..={MAX_SHARDS}")));
+            return Err(Error::Config(format!(
+                "shards must be within 1..={MAX_SHARDS}"
+            )));
         }
         if cfg.channel_capacity == 0 {
             return Err(Error::Config("channel_capacity must be positive".into()));
@@ -212,11 +236,20 @@ impl ShardedStore {
         std::fs::create_dir_all(&cfg.root).map_err(|e| Error::io("create dir", &cfg.root, 0, e))?;
         let lock = crate::store::lock_root(&cfg.root)?;
         read_or_create_meta(&cfg.root, cfg.shards)?;
-        let (senders, receivers): (Vec<_>, Vec<_>) =
-            (0..cfg.shards).map(|_| flume::bounded(cfg.channel_capacity)).unzip();
-        let handle = Handle { shared: Arc::new(Shared { senders, alive: (0..cfg.shards).map(|_| AtomicBool::new(true)).collect(),
-                closed: AtomicBool::new(false), query_max: cfg.store.query_max }) };
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..cfg.shards)
+            .map(|_| flume::bounded(cfg.channel_capacity))
+            .unzip();
+        let handle = Handle {
+            shared: Arc::new(Shared {
+                senders,
+                alive: (0..cfg.shards).map(|_| AtomicBool::new(true)).collect(),
+                closed: AtomicBool::new(false),
+                query_max: cfg.store.query_max,
+            }),
+        };
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         for (i, rx) in receivers.into_iter().enumerate() {
@@ -247,13 +280,21 @@ impl ShardedStore {
         let mut first_err = None;
         for (i, r) in ready.into_iter().enumerate() {
             let outcome = r.recv().unwrap_or_else(|_| {
-                Err(Error::ShardUnavailable { shard: i, why: "shard thread died while opening".into() })
+                Err(Error::ShardUnavailable {
+                    shard: i,
+                    why: "shard thread died while opening".into(),
+                })
             });
             if let Err(e) = outcome {
                 first_err.get_or_insert(e);
             }
         }
-        let mut store = ShardedStore { handle, threads, _lock: lock, root: cfg.root.clone() };
+        let mut store = ShardedStore {
+            handle,
+            threads,
+            _lock: lock,
+            root: cfg.root.clone(),
+        };
         if let Some(e) = first_err {
             let _ = store.stop();
             return Err(e);
@@ -292,7 +333,8 @@ impl ShardedStore {
         for (i, w) in waits.into_iter().enumerate() {
             let reply = loop {
                 match w.recv_timeout(Duration::from_millis(100)) {
-                    Err(flume::RecvTimeoutError::Timeout) if h.shared.alive[i].load(Ordering::SeqCst) => {}
+                    Err(flume::RecvTimeoutError::Timeout)
+                        if h.shared.alive[i].load(Ordering::SeqCst) => {}
                     Err(_) => break Err(()),
                     Ok(r) => break Ok(r),
                 }
@@ -349,7 +391,11 @@ async fn shard_main(
     handle: Handle,
     ready: flume::Sender<Result<()>>,
 ) {
-    let _alive = Alive { shard, handle: handle.clone(), rx: rx.clone() };
+    let _alive = Alive {
+        shard,
+        handle: handle.clone(),
+        rx: rx.clone(),
+    };
     let store = match Store::open(cfg).await {
         Ok(s) => {
             let _ = ready.send(Ok(()));
@@ -361,7 +407,11 @@ async fn shard_main(
             return;
         }
     };
-    let ctx = ShardContext { shard, store, handle };
+    let ctx = ShardContext {
+        shard,
+        store,
+        handle,
+    };
     while let Ok(req) = rx.recv_async().await {
         if let Request::Shutdown(reply) = req {
             let r = ctx.store.clone().shutdown().await;
@@ -382,7 +432,14 @@ async fn serve(ctx: ShardContext, req: Request) {
         Request::PutBatch(ms, r) => {
             let _ = r.send(s.put_batch(&ms).await);
         }
-        Request::Get { topic, queue_id, offset, max_count, max_bytes, reply } => {
+        Request::Get {
+            topic,
+            queue_id,
+            offset,
+            max_count,
+            max_bytes,
+            reply,
+        } => {
             let _ = reply.send(s.get(&topic, queue_id, offset, max_count, max_bytes).await);
         }
         Request::LookByOffset(o, r) => {
@@ -397,7 +454,14 @@ async fn serve(ctx: ShardContext, req: Request) {
         Request::EarliestTime(t, q, r) => {
             let _ = r.send(s.earliest_message_time(&t, q).await);
         }
-        Request::QueryByKey { topic, key, max, begin_ms, end_ms, reply } => {
+        Request::QueryByKey {
+            topic,
+            key,
+            max,
+            begin_ms,
+            end_ms,
+            reply,
+        } => {
             let _ = reply.send(s.query_by_key(&topic, &key, max, begin_ms, end_ms).await);
         }
         Request::LogOffsets(r) => {
@@ -438,7 +502,10 @@ impl Handle {
             return Err(Error::ShutDown);
         }
         let tx = self.shared.senders.get(shard).ok_or_else(|| {
-            Error::BadRequest(format!("shard {shard} does not exist (this store has {})", self.shards()))
+            Error::BadRequest(format!(
+                "shard {shard} does not exist (this store has {})",
+                self.shards()
+            ))
         })?;
         if !self.shared.alive[shard].load(Ordering::SeqCst) {
             return Err(gone(shard));
@@ -514,19 +581,32 @@ impl Handle {
     ) -> Result<GetResult> {
         let shard = self.shard_of(topic, queue_id);
         let topic = topic.to_string();
-        self.ask(shard, |reply| Request::Get { topic, queue_id, offset, max_count, max_bytes, reply })
-            .await?
+        self.ask(shard, |reply| Request::Get {
+            topic,
+            queue_id,
+            offset,
+            max_count,
+            max_bytes,
+            reply,
+        })
+        .await?
     }
 
     /// Decodes the record at a commit-log offset (which names its shard).
     pub async fn look_by_offset(&self, offset: LogOffset) -> Result<Option<StoredMessage>> {
-        self.ask(shard_of_offset(offset), |r| Request::LookByOffset(offset, r)).await?
+        self.ask(shard_of_offset(offset), |r| {
+            Request::LookByOffset(offset, r)
+        })
+        .await?
     }
 
     /// Looks a message up by its 32-character offset message id.
     pub async fn look_by_msg_id(&self, id: &str) -> Result<Option<StoredMessage>> {
-        let parsed = MessageId::parse(id)
-            .ok_or_else(|| Error::BadRequest(format!("malformed message id {id:?} (want 32 hex characters)")))?;
+        let parsed = MessageId::parse(id).ok_or_else(|| {
+            Error::BadRequest(format!(
+                "malformed message id {id:?} (want 32 hex characters)"
+            ))
+        })?;
         let shard = shard_of_offset(parsed.offset);
         if shard >= self.shards() {
             return Err(Error::BadRequest(format!(
@@ -538,19 +618,37 @@ impl Handle {
     }
 
     /// (min, max) queue offsets; max is the next offset to be written.
-    pub async fn queue_offsets(&self, topic: &str, queue_id: i32) -> Result<(QueueOffset, QueueOffset)> {
+    pub async fn queue_offsets(
+        &self,
+        topic: &str,
+        queue_id: i32,
+    ) -> Result<(QueueOffset, QueueOffset)> {
         let t = topic.to_string();
-        self.ask(self.shard_of(topic, queue_id), |r| Request::QueueOffsets(t, queue_id, r)).await
+        self.ask(self.shard_of(topic, queue_id), |r| {
+            Request::QueueOffsets(t, queue_id, r)
+        })
+        .await
     }
 
-    pub async fn queue_offset_by_time(&self, topic: &str, queue_id: i32, ts_ms: i64) -> Result<QueueOffset> {
+    pub async fn queue_offset_by_time(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        ts_ms: i64,
+    ) -> Result<QueueOffset> {
         let t = topic.to_string();
-        self.ask(self.shard_of(topic, queue_id), |r| Request::OffsetByTime(t, queue_id, ts_ms, r)).await?
+        self.ask(self.shard_of(topic, queue_id), |r| {
+            Request::OffsetByTime(t, queue_id, ts_ms, r)
+        })
+        .await?
     }
 
     pub async fn earliest_message_time(&self, topic: &str, queue_id: i32) -> Result<i64> {
         let t = topic.to_string();
-        self.ask(self.shard_of(topic, queue_id), |r| Request::EarliestTime(t, queue_id, r)).await?
+        self.ask(self.shard_of(topic, queue_id), |r| {
+            Request::EarliestTime(t, queue_id, r)
+        })
+        .await?
     }
 
     /// Messages of `topic` carrying `key` stored within `[begin_ms, end_ms]`, from every
@@ -572,13 +670,22 @@ impl Handle {
         }
         let asks = (0..self.shards()).map(|shard| {
             let (topic, key) = (topic.to_string(), key.to_string());
-            self.ask(shard, move |reply| Request::QueryByKey { topic, key, max, begin_ms, end_ms, reply })
+            self.ask(shard, move |reply| Request::QueryByKey {
+                topic,
+                key,
+                max,
+                begin_ms,
+                end_ms,
+                reply,
+            })
         });
         let mut all = Vec::new();
         for r in crate::sync::join_all(asks.collect()).await {
             all.extend(r??);
         }
-        all.sort_by_key(|m: &StoredMessage| std::cmp::Reverse((m.store_timestamp_ms, m.log_offset)));
+        all.sort_by_key(|m: &StoredMessage| {
+            std::cmp::Reverse((m.store_timestamp_ms, m.log_offset))
+        });
         all.truncate(max);
         Ok(all)
     }
@@ -624,7 +731,10 @@ impl Handle {
 }
 
 fn gone(shard: usize) -> Error {
-    Error::ShardUnavailable { shard, why: "the shard's thread stopped (shut down or failed)".into() }
+    Error::ShardUnavailable {
+        shard,
+        why: "the shard's thread stopped (shut down or failed)".into(),
+    }
 }
 
 impl ShardContext {
@@ -652,9 +762,13 @@ impl ShardContext {
         max_bytes: usize,
     ) -> Result<GetResult> {
         if self.owns(topic, queue_id) {
-            self.store.get(topic, queue_id, offset, max_count, max_bytes).await
+            self.store
+                .get(topic, queue_id, offset, max_count, max_bytes)
+                .await
         } else {
-            self.handle.get(topic, queue_id, offset, max_count, max_bytes).await
+            self.handle
+                .get(topic, queue_id, offset, max_count, max_bytes)
+                .await
         }
     }
 }

@@ -179,8 +179,14 @@ impl Store {
         } else {
             u64::MAX
         };
-        let (log, scan) =
-            CommitLog::open(cfg.clone(), scan_from, durable_below, clean && cp_valid, crc_from).await?;
+        let (log, scan) = CommitLog::open(
+            cfg.clone(),
+            scan_from,
+            durable_below,
+            clean && cp_valid,
+            crc_from,
+        )
+        .await?;
         let log_end = log.written();
         if log.crc_required_from() == u64::MAX {
             // Nothing told us (no checkpoint, no record carried the property): require
@@ -262,7 +268,9 @@ impl Store {
         if let Some(ix) = &inner.index {
             ix.flush().await?;
         }
-        inner.write_checkpoint(log_end, inner.manifest(log_end)).await?;
+        inner
+            .write_checkpoint(log_end, inner.manifest(log_end))
+            .await?;
         std::fs::write(&abort_path, std::process::id().to_string())
             .and_then(|_| std::fs::File::open(&abort_path)?.sync_all())
             .map_err(|e| Error::io("create", &abort_path, 0, e))?;
@@ -279,7 +287,11 @@ impl Store {
         };
         tracing::info!(root = %root.display(), ?report, "store opened");
         inner.spawn_tasks()?;
-        Ok(Store { _owner: Rc::new(Owner(inner.clone())), inner, report: Rc::new(report) })
+        Ok(Store {
+            _owner: Rc::new(Owner(inner.clone())),
+            inner,
+            report: Rc::new(report),
+        })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -857,7 +869,8 @@ impl Inner {
                     Err(e @ Error::Corrupt { .. }) => {
                         tracing::warn!(error = %e, "discarding a damaged consume queue; it is rebuilt from the log");
                         let dir = qd.path();
-                        std::fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, 0, e))?;
+                        std::fs::remove_dir_all(&dir)
+                            .map_err(|e| Error::io("remove", &dir, 0, e))?;
                         if let Some(m) = self.queues.borrow_mut().get_mut(&topic) {
                             m.remove(&qid);
                         }
@@ -1004,11 +1017,17 @@ impl Inner {
             .queues
             .borrow()
             .iter()
-            .flat_map(|(t, m)| m.iter().map(move |(q, v)| (t.clone(), *q, v.cq.max_offset())))
+            .flat_map(|(t, m)| {
+                m.iter()
+                    .map(move |(q, v)| (t.clone(), *q, v.cq.max_offset()))
+            })
             .filter(|(_, _, max)| *max > 0)
             .collect();
         queues.sort();
-        QueueManifest { dispatch_safe, queues }
+        QueueManifest {
+            dispatch_safe,
+            queues,
+        }
     }
 
     /// Whether a queue holds fewer entries than the manifest written with the
@@ -1016,7 +1035,9 @@ impl Inner {
     /// the recovered log reaches the manifest's dispatch point.
     fn queues_shorter_than_manifest(&self, cp: &Checkpoint, log_end: u64) -> bool {
         let path = self.cfg.root.join("config").join("cq-manifest");
-        let Ok(bytes) = std::fs::read(&path) else { return false };
+        let Ok(bytes) = std::fs::read(&path) else {
+            return false;
+        };
         let Ok(m) = QueueManifest::decode(&bytes) else {
             tracing::warn!(path = %path.display(), "queue manifest unreadable; not used");
             return false;

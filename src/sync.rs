@@ -46,7 +46,10 @@ pub struct OffsetWatch {
 
 impl OffsetWatch {
     pub fn new(v: u64) -> OffsetWatch {
-        OffsetWatch { value: Cell::new(v), ..Default::default() }
+        OffsetWatch {
+            value: Cell::new(v),
+            ..Default::default()
+        }
     }
 
     pub fn get(&self) -> u64 {
@@ -81,7 +84,10 @@ impl OffsetWatch {
 
     /// Resolves to `true` once the value reaches `target`, `false` if closed first.
     pub fn wait_for(&self, target: u64) -> WaitFor<'_> {
-        WaitFor { watch: self, target }
+        WaitFor {
+            watch: self,
+            target,
+        }
     }
 }
 
@@ -124,5 +130,7 @@ pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
         if done { Poll::Ready(()) } else { Poll::Pending }
     })
     .await;
-    out.into_iter().map(|v| v.expect("every future completed")).collect()
+    out.into_iter()
+        .map(|v| v.expect("every future completed"))
+        .collect()
 }

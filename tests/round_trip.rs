@@ -35,7 +35,11 @@ fn round_trip(mode: FlushMode) {
                         assert_eq!(m.queue_offset, n as u64);
                         assert_eq!(&m.body[..], &body(t, q, i)[..]);
                         assert_eq!(m.property("TAGS"), Some(format!("tag{}", i % 3).as_str()));
-                        let by_id = store.look_by_msg_id(&m.msg_id.unwrap().to_string()).await.unwrap().unwrap();
+                        let by_id = store
+                            .look_by_msg_id(&m.msg_id.unwrap().to_string())
+                            .await
+                            .unwrap()
+                            .unwrap();
                         assert_eq!(by_id.body, m.body);
                     }
                 }
@@ -93,7 +97,9 @@ fn sync_flush_timeout_is_reported() {
         }
         assert!(timeouts > 0, "a zero timeout cannot be met by an fdatasync");
         // WAIT=false puts do not wait at all.
-        let r = store.put(msg("T", 0, 20).with_property("WAIT", "false")).await;
+        let r = store
+            .put(msg("T", 0, 20).with_property("WAIT", "false"))
+            .await;
         assert_eq!(r.status, PutStatus::PutOk);
         store.wait_dispatched().await;
         assert_eq!(read_all(&store, "T", 0).await.len(), 21);

@@ -20,7 +20,9 @@ const TOPICS: [&str; 3] = ["Orders", "Payments", "Audit"];
 const QUEUES: i32 = 8;
 
 fn message(t: &str, q: i32, i: u64) -> Message {
-    Message::new(t, q, body(t, q, i)).with_tags("x").with_keys(format!("k{i}"))
+    Message::new(t, q, body(t, q, i))
+        .with_tags("x")
+        .with_keys(format!("k{i}"))
 }
 
 /// Reads a whole queue through the handle.
@@ -31,10 +33,16 @@ fn read_queue(h: &coremq::Handle, t: &str, q: i32) -> Vec<StoredMessage> {
         let r = block_on(h.get(t, q, off, 32, 1 << 20)).unwrap();
         match r.status {
             GetStatus::Found => {
-                out.extend(r.records.iter().map(|raw| StoredMessage::decode(raw).unwrap()));
+                out.extend(
+                    r.records
+                        .iter()
+                        .map(|raw| StoredMessage::decode(raw).unwrap()),
+                );
                 off = r.next_begin_offset;
             }
-            GetStatus::OffsetOverflowOne | GetStatus::NoMessageInQueue | GetStatus::NoMatchedLogicQueue => {
+            GetStatus::OffsetOverflowOne
+            | GetStatus::NoMessageInQueue
+            | GetStatus::NoMatchedLogicQueue => {
                 return out;
             }
             s => panic!("{s:?}"),
@@ -48,7 +56,10 @@ fn ownership_is_stable_and_spreads() {
     assert_eq!(shard_of("Orders", 0, 2), shard_of("Orders", 0, 2));
     let spread: std::collections::HashSet<usize> =
         (0..QUEUES).map(|q| shard_of("Orders", q, 4)).collect();
-    assert!(spread.len() >= 3, "8 queues should land on most of 4 shards: {spread:?}");
+    assert!(
+        spread.len() >= 3,
+        "8 queues should land on most of 4 shards: {spread:?}"
+    );
     let mut h = crc32fast::Hasher::new();
     h.update(b"Orders\0\0\0\0\x03");
     assert_eq!(shard_of("Orders", 3, 7), h.finalize() as usize % 7);
@@ -107,7 +118,9 @@ fn puts_from_threads_and_shard_tasks_then_restart() {
                     let i = n as u64 * QUEUES as u64 + q as u64;
                     assert_eq!(&m.body[..], &body(t, q, i)[..]);
                     let id = m.msg_id.unwrap().to_string();
-                    let by_id = block_on(h.look_by_msg_id(&id)).unwrap().expect("found by id");
+                    let by_id = block_on(h.look_by_msg_id(&id))
+                        .unwrap()
+                        .expect("found by id");
                     assert_eq!(by_id.body, m.body);
                     shards_used.insert((m.log_offset >> SHARD_SHIFT) as usize);
                 }
@@ -125,7 +138,10 @@ fn puts_from_threads_and_shard_tasks_then_restart() {
 
     // Same count: everything is back. Another count: refused, data untouched.
     let err = ShardedStore::open(config(root, 3)).err().expect("refused");
-    assert!(matches!(err, Error::Config(ref m) if m.contains("2 shards")), "{err}");
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("2 shards")),
+        "{err}"
+    );
     let store = ShardedStore::open(config(root, 2)).unwrap();
     check(&store.handle());
     store.shutdown().unwrap();
@@ -136,7 +152,9 @@ fn batch_across_shards_keeps_input_order() {
     let dir = tempfile::tempdir().unwrap();
     let store = ShardedStore::open(config(dir.path(), 2)).unwrap();
     let h = store.handle();
-    let msgs: Vec<Message> = (0..40u64).map(|i| message("Mixed", (i % 5) as i32, i)).collect();
+    let msgs: Vec<Message> = (0..40u64)
+        .map(|i| message("Mixed", (i % 5) as i32, i))
+        .collect();
     let results = block_on(h.put_batch(msgs));
     assert_eq!(results.len(), 40);
     for (i, r) in results.iter().enumerate() {
@@ -159,7 +177,10 @@ fn bad_ids_and_requests_after_shutdown() {
     let store = ShardedStore::open(config(dir.path(), 2)).unwrap();
     let h = store.handle();
     for bad in ["", "xyz", &"G".repeat(32), &"0".repeat(31)] {
-        assert!(matches!(block_on(h.look_by_msg_id(bad)), Err(Error::BadRequest(_))), "{bad:?}");
+        assert!(
+            matches!(block_on(h.look_by_msg_id(bad)), Err(Error::BadRequest(_))),
+            "{bad:?}"
+        );
     }
     // A well-formed id naming shard 5 of a 2-shard store.
     let id = coremq::format::msg_id::MessageId {
@@ -167,13 +188,29 @@ fn bad_ids_and_requests_after_shutdown() {
         offset: 5 << SHARD_SHIFT,
     };
     let err = block_on(h.look_by_msg_id(&id.to_string())).unwrap_err();
-    assert!(matches!(err, Error::BadRequest(ref m) if m.contains("shard 5")), "{err}");
+    assert!(
+        matches!(err, Error::BadRequest(ref m) if m.contains("shard 5")),
+        "{err}"
+    );
     // A valid shard but no record there.
-    let id = coremq::format::msg_id::MessageId { offset: 1 << SHARD_SHIFT, ..id };
-    assert!(block_on(h.look_by_msg_id(&id.to_string())).unwrap().is_none());
+    let id = coremq::format::msg_id::MessageId {
+        offset: 1 << SHARD_SHIFT,
+        ..id
+    };
+    assert!(
+        block_on(h.look_by_msg_id(&id.to_string()))
+            .unwrap()
+            .is_none()
+    );
     store.shutdown().unwrap();
-    assert_eq!(block_on(h.put(message("T", 0, 0))).status, PutStatus::ServiceNotAvailable);
-    assert!(matches!(block_on(h.get("T", 0, 0, 1, 1 << 20)), Err(Error::ShutDown)));
+    assert_eq!(
+        block_on(h.put(message("T", 0, 0))).status,
+        PutStatus::ServiceNotAvailable
+    );
+    assert!(matches!(
+        block_on(h.get("T", 0, 0, 1, 1 << 20)),
+        Err(Error::ShutDown)
+    ));
 }
 
 #[test]
@@ -186,15 +223,27 @@ fn a_dead_shard_does_not_stop_the_others() {
         let l = (0..QUEUES).find(|q| h.shard_of("T", *q) == 0).unwrap();
         (d, l)
     };
-    assert_eq!(block_on(h.put(message("T", dead_q, 0))).status, PutStatus::PutOk);
+    assert_eq!(
+        block_on(h.put(message("T", dead_q, 0))).status,
+        PutStatus::PutOk
+    );
     // Kill shard 1's thread: a task that panics takes its executor down.
     let _ = block_on(h.run_on(1, |_ctx| async { panic!("simulated shard crash") }));
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(block_on(h.put(message("T", dead_q, 1))).status, PutStatus::ServiceNotAvailable);
+    assert_eq!(
+        block_on(h.put(message("T", dead_q, 1))).status,
+        PutStatus::ServiceNotAvailable
+    );
     let err = block_on(h.get("T", dead_q, 0, 1, 1 << 20)).unwrap_err();
-    assert!(matches!(err, Error::ShardUnavailable { shard: 1, .. }), "{err}");
+    assert!(
+        matches!(err, Error::ShardUnavailable { shard: 1, .. }),
+        "{err}"
+    );
     for i in 0..10 {
-        assert_eq!(block_on(h.put(message("T", live_q, i))).status, PutStatus::PutOk);
+        assert_eq!(
+            block_on(h.put(message("T", live_q, i))).status,
+            PutStatus::PutOk
+        );
     }
     // wait_dispatched() would report the dead shard; wait for shard 0 alone.
     block_on(h.run_on(0, |ctx| async move { ctx.store.wait_dispatched().await })).unwrap();
@@ -202,24 +251,37 @@ fn a_dead_shard_does_not_stop_the_others() {
     assert!(store.shutdown().is_err(), "shutdown reports the dead shard");
 }
 
-
 /// Unmounts on drop, so a failing test does not leave a loop mount behind.
 struct Mount(std::path::PathBuf);
 impl Drop for Mount {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
     }
 }
 
 /// Mounts a tiny ext4 image at `at`; `None` when this machine cannot (not root).
 fn tiny_fs(image: &std::path::Path, at: &std::path::Path, mib: u64) -> Option<Mount> {
     std::fs::create_dir_all(at).unwrap();
-    std::fs::File::create(image).unwrap().set_len(mib << 20).unwrap();
-    let ok = |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
-    if !ok(std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-O", "^has_journal"]).arg(image)) {
+    std::fs::File::create(image)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    let ok =
+        |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok(std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-O", "^has_journal"])
+        .arg(image))
+    {
         return None;
     }
-    if !ok(std::process::Command::new("mount").args(["-o", "loop"]).arg(image).arg(at)) {
+    if !ok(std::process::Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(image)
+        .arg(at))
+    {
         return None;
     }
     Some(Mount(at.to_path_buf()))
@@ -253,12 +315,24 @@ fn an_io_error_stops_only_that_shard() {
     assert!(failed_at.is_some(), "6 MiB cannot hold 20 MiB");
     let status = block_on(h.shard_status(1)).unwrap();
     let why = status.failure.expect("shard 1 reports its failure");
-    assert!(why.contains("No space left") || why.contains("os error 28"), "{why}");
+    assert!(
+        why.contains("No space left") || why.contains("os error 28"),
+        "{why}"
+    );
     // Fail-stop: later puts on shard 1 are refused at once; shard 0 serves.
-    assert_eq!(block_on(h.put(Message::new("T", q1, "x"))).status, PutStatus::ServiceNotAvailable);
+    assert_eq!(
+        block_on(h.put(Message::new("T", q1, "x"))).status,
+        PutStatus::ServiceNotAvailable
+    );
     for i in 0..20 {
-        assert_eq!(block_on(h.put(message("T", q0, i))).status, PutStatus::PutOk);
+        assert_eq!(
+            block_on(h.put(message("T", q0, i))).status,
+            PutStatus::PutOk
+        );
     }
     assert!(block_on(h.shard_status(0)).unwrap().failure.is_none());
-    assert!(store.shutdown().is_err(), "shutdown reports shard 1's failure");
+    assert!(
+        store.shutdown().is_err(),
+        "shutdown reports shard 1's failure"
+    );
 }

@@ -57,14 +57,17 @@ impl Checkpoint {
         b[PHYSIC_TS_AT..PHYSIC_TS_AT + 8].copy_from_slice(&self.physic_msg_timestamp.to_be_bytes());
         b[LOGICS_TS_AT..LOGICS_TS_AT + 8].copy_from_slice(&self.logics_msg_timestamp.to_be_bytes());
         b[INDEX_TS_AT..INDEX_TS_AT + 8].copy_from_slice(&self.index_msg_timestamp.to_be_bytes());
-        b[CONFIRM_AT..CONFIRM_AT + 8].copy_from_slice(&(self.log_flushed_offset as i64).to_be_bytes());
+        b[CONFIRM_AT..CONFIRM_AT + 8]
+            .copy_from_slice(&(self.log_flushed_offset as i64).to_be_bytes());
         b[COREMQ_AT..COREMQ_AT + 4].copy_from_slice(&COREMQ_MAGIC.to_be_bytes());
         b[COREMQ_AT + 4..COREMQ_AT + 8].copy_from_slice(&COREMQ_VERSION.to_be_bytes());
-        b[LOG_FLUSHED_AT..LOG_FLUSHED_AT + 8].copy_from_slice(&self.log_flushed_offset.to_be_bytes());
+        b[LOG_FLUSHED_AT..LOG_FLUSHED_AT + 8]
+            .copy_from_slice(&self.log_flushed_offset.to_be_bytes());
         b[DISPATCH_SAFE_AT..DISPATCH_SAFE_AT + 8]
             .copy_from_slice(&self.dispatch_safe_offset.to_be_bytes());
         b[QUEUE_COUNT_AT..QUEUE_COUNT_AT + 4].copy_from_slice(&self.queue_count.to_be_bytes());
-        b[CRC_REQUIRED_AT..CRC_REQUIRED_AT + 8].copy_from_slice(&self.crc_required_from.to_be_bytes());
+        b[CRC_REQUIRED_AT..CRC_REQUIRED_AT + 8]
+            .copy_from_slice(&self.crc_required_from.to_be_bytes());
         let crc = crc32fast::hash(&b[COREMQ_AT..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         b
@@ -117,7 +120,10 @@ mod tests {
         b[75] ^= 1;
         assert_eq!(Checkpoint::decode(&b), Err(Corruption::Checksum));
         let plain = [0u8; CHECKPOINT_LEN];
-        assert_eq!(Checkpoint::decode(&plain), Ok((Checkpoint::default(), false)));
+        assert_eq!(
+            Checkpoint::decode(&plain),
+            Ok((Checkpoint::default(), false))
+        );
         assert_eq!(Checkpoint::decode(&plain[..10]), Err(Corruption::Truncated));
     }
 }

@@ -61,7 +61,11 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let e = CqEntry { phys_offset: 1 << 40, size: 1234, tags_code: -5 };
+        let e = CqEntry {
+            phys_offset: 1 << 40,
+            size: 1234,
+            tags_code: -5,
+        };
         let b = e.encode();
         assert_eq!(CqEntry::decode(&b), Some(e));
         assert!(e.is_valid());

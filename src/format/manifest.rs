@@ -64,7 +64,8 @@ impl QueueManifest {
         for _ in 0..count {
             let len = be_i16(b, at).ok_or(t)? as u16 as usize;
             at += 2;
-            let topic = std::str::from_utf8(b.get(at..at + len).ok_or(t)?).map_err(|_| Corruption::BadUtf8)?;
+            let topic = std::str::from_utf8(b.get(at..at + len).ok_or(t)?)
+                .map_err(|_| Corruption::BadUtf8)?;
             at += len;
             let qid = be_i32(b, at).ok_or(t)?;
             let max = be_i64(b, at + 4).ok_or(t)? as u64;
@@ -74,7 +75,10 @@ impl QueueManifest {
         if at != b.len() {
             return Err(Corruption::BadLength(at as i64));
         }
-        Ok(QueueManifest { dispatch_safe, queues })
+        Ok(QueueManifest {
+            dispatch_safe,
+            queues,
+        })
     }
 }
 
@@ -84,7 +88,10 @@ mod tests {
 
     #[test]
     fn round_trip_and_damage() {
-        let m = QueueManifest { dispatch_safe: 99, queues: vec![("A".into(), 0, 5), ("Bb".into(), 7, 1 << 40)] };
+        let m = QueueManifest {
+            dispatch_safe: 99,
+            queues: vec![("A".into(), 0, 5), ("Bb".into(), 7, 1 << 40)],
+        };
         let mut b = m.encode();
         assert_eq!(QueueManifest::decode(&b), Ok(m));
         b[9] ^= 1;
@@ -96,6 +103,9 @@ mod tests {
         evil[16..20].copy_from_slice(&u32::MAX.to_be_bytes());
         let crc = crc32fast::hash(&evil);
         evil.extend_from_slice(&crc.to_be_bytes());
-        assert!(matches!(QueueManifest::decode(&evil), Err(Corruption::BadLength(_))));
+        assert!(matches!(
+            QueueManifest::decode(&evil),
+            Err(Corruption::BadLength(_))
+        ));
     }
 }

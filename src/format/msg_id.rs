@@ -25,7 +25,10 @@ impl MessageId {
         let ip = Ipv4Addr::new(b[0], b[1], b[2], b[3]);
         let port = i32::from_be_bytes(b[4..8].try_into().unwrap()) as u16;
         let offset = i64::from_be_bytes(b[8..].try_into().unwrap()) as u64;
-        MessageId { store_host: SocketAddrV4::new(ip, port), offset }
+        MessageId {
+            store_host: SocketAddrV4::new(ip, port),
+            offset,
+        }
     }
 
     /// Parses 32 hex characters (either case); `None` for anything else.
@@ -57,7 +60,10 @@ mod tests {
 
     #[test]
     fn hex_round_trip() {
-        let id = MessageId { store_host: "127.0.0.1:10911".parse().unwrap(), offset: 0x1234 };
+        let id = MessageId {
+            store_host: "127.0.0.1:10911".parse().unwrap(),
+            offset: 0x1234,
+        };
         let s = id.to_string();
         assert_eq!(s, "7F00000100002A9F0000000000001234");
         assert_eq!(MessageId::parse(&s), Some(id));

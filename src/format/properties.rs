@@ -129,6 +129,9 @@ mod tests {
         let v = get(&buf, CRC32).unwrap();
         assert_eq!(parse_crc_digits(v), Some(123));
         write_crc_property(&mut buf, 0x7FFF_FFFF);
-        assert_eq!(parse_crc_digits(get(&buf, CRC32).unwrap()), Some(0x7FFF_FFFF));
+        assert_eq!(
+            parse_crc_digits(get(&buf, CRC32).unwrap()),
+            Some(0x7FFF_FFFF)
+        );
     }
 }

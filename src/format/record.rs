@@ -109,7 +109,8 @@ pub fn record_len(
         + 2
         + props_len
 }
-const _: () = assert!(V1_FIXED_LEN == 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2);
+const _: () =
+    assert!(V1_FIXED_LEN == 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2);
 
 /// Everything needed to lay out one record; the store fills in offsets and time.
 pub struct RecordFields<'a> {
@@ -138,8 +139,8 @@ impl RecordFields<'_> {
         if !self.record_crc {
             return self.properties.len();
         }
-        let needs_sep =
-            !self.properties.is_empty() && *self.properties.last().unwrap() != properties::PROPERTY_SEPARATOR;
+        let needs_sep = !self.properties.is_empty()
+            && *self.properties.last().unwrap() != properties::PROPERTY_SEPARATOR;
         self.properties.len() + needs_sep as usize + CRC32_RESERVED_LEN
     }
 
@@ -310,11 +311,17 @@ fn read_host(b: &[u8], at: usize, v6: bool) -> Option<(SocketAddr, usize)> {
     if v6 {
         let octets: [u8; 16] = b.get(at..at + 16)?.try_into().ok()?;
         let port = be_i32(b, at + 16)?;
-        Some((SocketAddr::new(IpAddr::V6(Ipv6Addr::from(octets)), port as u16), 20))
+        Some((
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::from(octets)), port as u16),
+            20,
+        ))
     } else {
         let octets: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
         let port = be_i32(b, at + 4)?;
-        Some((SocketAddr::new(IpAddr::V4(Ipv4Addr::from(octets)), port as u16), 8))
+        Some((
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::from(octets)), port as u16),
+            8,
+        ))
     }
 }
 
@@ -400,10 +407,18 @@ pub fn decode(buf: &[u8], verify: Verify) -> Result<Decoded<'_>, Corruption> {
         store_len,
     ) as i64;
     if computed != size as i64 {
-        return Err(Corruption::SizeMismatch { stored: size, computed });
+        return Err(Corruption::SizeMismatch {
+            stored: size,
+            computed,
+        });
     }
-    if verify.at_offset.is_some_and(|expected| expected != phys_offset) {
-        return Err(Corruption::WrongOffset { stored: phys_offset });
+    if verify
+        .at_offset
+        .is_some_and(|expected| expected != phys_offset)
+    {
+        return Err(Corruption::WrongOffset {
+            stored: phys_offset,
+        });
     }
     let topic = std::str::from_utf8(topic_bytes).map_err(|_| Corruption::BadUtf8)?;
     let mut record_crc_verified = None;
@@ -412,7 +427,10 @@ pub fn decode(buf: &[u8], verify: Verify) -> Result<Decoded<'_>, Corruption> {
         body_h.update(body);
         let computed_body = body_h.clone().finalize() & 0x7FFF_FFFF;
         if computed_body != body_crc {
-            return Err(Corruption::BodyCrc { stored: body_crc, computed: computed_body });
+            return Err(Corruption::BodyCrc {
+                stored: body_crc,
+                computed: computed_body,
+            });
         }
         if let Some(stored) = trailing_crc_property(properties) {
             let crc_end = total - CRC32_RESERVED_LEN;
@@ -460,7 +478,8 @@ fn trailing_crc_property(props: &[u8]) -> Option<u32> {
     {
         return None;
     }
-    let digits = std::str::from_utf8(&tail[properties::CRC32.len() + 1..CRC32_RESERVED_LEN - 1]).ok()?;
+    let digits =
+        std::str::from_utf8(&tail[properties::CRC32.len() + 1..CRC32_RESERVED_LEN - 1]).ok()?;
     properties::parse_crc_digits(digits)
 }
 
@@ -488,7 +507,12 @@ mod tests {
         }
     }
 
-    const V: Verify = Verify { crc: true, at_offset: Some(4096), max_total_size: 1 << 20, require_record_crc: false };
+    const V: Verify = Verify {
+        crc: true,
+        at_offset: Some(4096),
+        max_total_size: 1 << 20,
+        require_record_crc: false,
+    };
 
     #[test]
     fn v1_layout_matches_rocketmq_offsets() {
@@ -501,8 +525,13 @@ mod tests {
         assert_eq!(be_i64(&out, 28), Some(4096));
         // Store timestamp at 56 with an IPv4 born host.
         assert_eq!(be_i64(&out, 56), Some(1_700_000_000_123));
-        assert_eq!(be_i32(&out, 8).unwrap() as u32, super::super::masked_crc32(b"hello"));
-        let Decoded::Record(r) = decode(&out, V).unwrap() else { panic!() };
+        assert_eq!(
+            be_i32(&out, 8).unwrap() as u32,
+            super::super::masked_crc32(b"hello")
+        );
+        let Decoded::Record(r) = decode(&out, V).unwrap() else {
+            panic!()
+        };
         assert_eq!(r.topic, "TopicA");
         assert_eq!(r.body, b"hello");
         assert_eq!(r.tags(), Some("a"));
@@ -515,14 +544,22 @@ mod tests {
         let mut out = Vec::new();
         encode(&f, &mut out);
         // A separator was inserted before the reserved CRC bytes.
-        let Decoded::Record(r) = decode(&out, V).unwrap() else { panic!() };
+        let Decoded::Record(r) = decode(&out, V).unwrap() else {
+            panic!()
+        };
         assert_eq!(r.tags(), Some("a"));
         assert_eq!(r.record_crc_verified, Some(true));
-        let strict = Verify { require_record_crc: true, ..V };
+        let strict = Verify {
+            require_record_crc: true,
+            ..V
+        };
         for i in 0..out.len() {
             let mut bad = out.clone();
             bad[i] ^= 0x01;
-            assert!(decode(&bad, strict).is_err(), "flip at byte {i} went unnoticed");
+            assert!(
+                decode(&bad, strict).is_err(),
+                "flip at byte {i} went unnoticed"
+            );
         }
     }
 
@@ -535,7 +572,9 @@ mod tests {
         let mut out = Vec::new();
         encode(&f, &mut out);
         assert_eq!(out.len(), f.encoded_len());
-        let Decoded::Record(r) = decode(&out, V).unwrap() else { panic!() };
+        let Decoded::Record(r) = decode(&out, V).unwrap() else {
+            panic!()
+        };
         assert_eq!(r.magic, MAGIC_V2);
         assert_eq!(r.topic, topic);
         assert_eq!(r.born_host, f.born_host);
@@ -552,8 +591,17 @@ mod tests {
         let f = fields("T", b"x", b"", true);
         let mut out = Vec::new();
         encode(&f, &mut out);
-        assert_eq!(decode(&out[..out.len() - 1], V).unwrap_err(), Corruption::Truncated);
-        let wrong_place = Verify { at_offset: Some(0), ..V };
-        assert!(matches!(decode(&out, wrong_place), Err(Corruption::WrongOffset { .. })));
+        assert_eq!(
+            decode(&out[..out.len() - 1], V).unwrap_err(),
+            Corruption::Truncated
+        );
+        let wrong_place = Verify {
+            at_offset: Some(0),
+            ..V
+        };
+        assert!(matches!(
+            decode(&out, wrong_place),
+            Err(Corruption::WrongOffset { .. })
+        ));
     }
 }
