@@ -53,33 +53,58 @@
 //!   io_uring timeout, tens of microseconds of CPU on this VM.
 //! * The machine is shared: the JSON report records the load average before the run.
 //!
-//! # What the profile says (async flush, 1 KiB, 2 shards, commit af324be)
+//! # What the profile says (async flush, 1 KiB, 2 shards, commit 079c6ad)
 //!
-//! `perf record --call-graph dwarf` over 6 s of the producing window, at 0.81 M msg/s
-//! and 2.1 us of CPU per message (store and load generator together):
+//! `perf record --call-graph dwarf` over 6 s of a 12 s run at 0.87 M msg/s. The report
+//! splits CPU per message into the producing window (2.1 us) and what follows it
+//! (another 2.3 us, 4.4 us in all), because the dispatcher does not keep up: it lagged
+//! up to 1.5 GB behind the puts and caught up during shutdown (12 s of producing, 24 s
+//! more to shut down). Nothing slows puts down when dispatch lags.
 //!
-//! * **put path, ~45% of all CPU**: allocation in `put_many` (per-put `Vec`s for
-//!   lengths, encoded properties, message ids: ~11% in malloc/free); `record::encode`
-//!   ~11%, half of it `crc32fast::Hasher::combine` (combining the body CRC into the
-//!   record CRC with GF(2) matrix products costs more than hashing 1 KiB again);
-//!   zero-filling every recycled 4 MiB window in `CommitLog::try_make_room` ~7% (a
-//!   second pass over every byte written); the copy into the window ~2.5%.
-//! * **dispatch, ~13%**: `CommitLog::read` copies each range out of the resident window
-//!   just to parse headers (~5%); queue lookup and tags hash in `place_entry` ~4%;
-//!   record decoding (UTF-8 checks) ~3%.
-//! * **load generator, ~34%**: building messages (`Message::new` allocates the topic
-//!   `String`, reads the wall clock; TAGS and KEYS are `String` pairs) ~16%, lane
-//!   bookkeeping (two clock reads, histogram, yield) ~13%, dropping messages ~6%.
-//! * glommio scheduling and I/O ~5%; the CommitLog writer ~0.2% (whole-window writes).
+//! While producing (store and load generator together):
 //!
-//! So the store's share is about 1.2 us per message; the three biggest items (put
-//! allocations, CRC combine, window zero-fill) are each fixable without format changes.
+//! * **put path, ~48%** (~1.0 us per message): allocation in `put_many` (per-put `Vec`s
+//!   for lengths, encoded properties and message ids: ~11% in malloc/free);
+//!   `record::encode` ~13%, a quarter of it `crc32fast::Hasher::combine` (combining the
+//!   body CRC into the record CRC with GF(2) matrix products costs more than hashing
+//!   1 KiB again); zero-filling every recycled 4 MiB window in
+//!   `CommitLog::try_make_room` ~7% (a second pass over every byte written); the copy
+//!   into the window ~3%; properties ~3%.
+//! * **load generator, ~41%**: building messages (body copy, `Message::new` allocating
+//!   the topic `String` and reading the wall clock, TAGS and KEYS `String` pairs), two
+//!   clock reads, the histogram, yielding; dropping messages ~6%.
+//! * glommio scheduling and I/O ~7%; dispatch ~1.5% (it hardly runs); the CommitLog
+//!   writer ~0.2% (whole-window writes).
 //!
-//! Tailing consumers: `Store::get` reads a queue's records through one span per nearby
-//! group (up to 4x the bytes needed, at least 256 KiB) and copies that span even when it
-//! sits in a resident window. With 32 interleaved queues per shard that is ~30 bytes
-//! copied per byte delivered, so once consumers fall behind (closed-loop producers)
-//! they never catch up: ~0.1 M msg/s read against 0.8 M msg/s put.
+//! After the producers stop (dispatch catching up, ~35% of both CPUs busy, so it is
+//! bound by I/O rather than CPU): the key index ~41% of the samples (slot and entry
+//! updates, big-endian conversions, UTF-8 checks of topic and keys), glommio's I/O
+//! submission and completion with virtio notifications ~37% (the index reads and
+//! writes 4 KiB pages of its 20 MB slot table at random), ConsumeQueue entries ~6%,
+//! copying log ranges out of the window to parse them ~5%.
+//!
+//! So per message the key index's dispatch costs more than the put path, and of the
+//! put path the three biggest items (per-put allocations, the CRC combine, the window
+//! zero-fill) are each fixable without format changes.
+//!
+//! # Store problems the load generator found
+//!
+//! * **Panic under paced load.** `--rate 300000` (150 k puts/s per shard) panics both
+//!   shards within seconds: glommio's "Waker invariant broken" (a task's 16-bit waker
+//!   count overflowed). The dispatcher waits on `flushed.wait_for(to + 1)` after every
+//!   wake-up, and `OffsetWatch` keeps the waker of every dropped `WaitFor` until the
+//!   offset passes it; in async mode `flushed` moves every 500 ms, so more than 32767
+//!   wake-ups in between overflow the dispatcher task's count.
+//! * **Puts waiting for window room are not served in order** (`OffsetWatch::set`
+//!   wakes by `swap_remove`, newcomers take room first): with producers that do not
+//!   yield, one put waited 4.9 s.
+//! * **Dispatch lag has no bound** (above): records stay invisible to consumers for
+//!   seconds under closed-loop producers, and shutdown pays for the backlog.
+//! * **Tailing reads copy spans**: `Store::get` reads a queue's records through one span
+//!   per nearby group (up to 4x the bytes needed, at least 256 KiB) and copies that span
+//!   even from a resident window. With 32 interleaved queues per shard that is ~30 bytes
+//!   copied per byte delivered; consumers that fall behind read ~0.1 M msg/s against
+//!   0.8 M msg/s put and never catch up.
 
 use crate::format::record::{self, Decoded, Verify};
 use crate::{FlushMode, GetStatus, Message, Store, StoreConfig};
