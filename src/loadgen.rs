@@ -849,7 +849,9 @@ async fn shard_job(index: usize, store: Store, plan: Arc<Plan>) -> ShardResult {
         let c = shard.counters();
         shard.error(format!(
             "shard {index}: consumers were {} messages behind after the {} s drain timeout",
-            c.messages.load(Ordering::Relaxed) - c.consumed.load(Ordering::Relaxed),
+            c.messages
+                .load(Ordering::Relaxed)
+                .saturating_sub(c.consumed.load(Ordering::Relaxed)),
             plan.cfg.drain_timeout
         ));
     }
@@ -1732,6 +1734,7 @@ impl<'a> Progress<'a> {
             return;
         }
         let mut last = (0, 0, 0, 0);
+        let mut beats = vec![0; self.plan.counters.len()];
         let mut last_at = self.started;
         let mut next = self.started + Duration::from_secs(1);
         while !stop.load(Ordering::Relaxed) {
@@ -1790,12 +1793,20 @@ impl<'a> Progress<'a> {
                         continue;
                     }
                     let [w, cm, f, d] = c.log.each_ref().map(|a| a.load(Ordering::Relaxed));
+                    let beat = c.heartbeat.load(Ordering::Relaxed);
+                    let idle = if beat == beats[i] {
+                        "; its executor ran no task for a second (a 100 ms timer did not fire)"
+                    } else {
+                        ""
+                    };
                     eprintln!(
                         "           shard {i}: no progress; log written {w} committed {cm} \
-                         flushed {f} dispatched {d}; monitor round {}",
-                        c.heartbeat.load(Ordering::Relaxed)
+                         flushed {f} dispatched {d}{idle}"
                     );
                 }
+            }
+            for (b, c) in beats.iter_mut().zip(&self.plan.counters) {
+                *b = c.heartbeat.load(Ordering::Relaxed);
             }
             last = t;
             last_at = now;

@@ -106,8 +106,13 @@ impl Future for WaitFor<'_> {
             return Poll::Ready(false);
         }
         let mut ws = self.watch.waiters.borrow_mut();
-        // Dropped waiters leave entries behind; they go when the value passes them.
-        ws.push((self.target, cx.waker().clone()));
+        // One entry per task, at the lowest target it waits for: repeated waits cannot
+        // pile up wakers (that overflowed glommio's waker count under paced load), and
+        // a task waiting on several targets wakes at the first and polls them all.
+        match ws.iter_mut().find(|(_, w)| w.will_wake(cx.waker())) {
+            Some(entry) => entry.0 = entry.0.min(self.target),
+            None => ws.push((self.target, cx.waker().clone())),
+        }
         Poll::Pending
     }
 }
