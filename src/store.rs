@@ -1189,8 +1189,3 @@ impl Inner {
         }
     }
 }
-
-/// The root path helpers used by tools.
-pub fn shard_paths(root: &Path) -> (PathBuf, PathBuf) {
-    (root.join("commitlog"), root.join("consumequeue"))
-}
