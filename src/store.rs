@@ -32,7 +32,7 @@ use crate::message::*;
 use crate::sync::{Notify, OffsetWatch};
 use ahash::AHashMap;
 use std::cell::{Cell, RefCell};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
