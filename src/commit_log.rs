@@ -140,10 +140,10 @@ impl CommitLog {
         crc_required_from: u64,
     ) -> Result<(Rc<CommitLog>, ScanReport)> {
         let dir = cfg.root.join("commitlog");
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create dir", &dir, 0, e))?;
+        cfg.disk.create_dir_all(&dir)?;
         let seg_bytes = cfg.commit_log_segment_bytes;
-        let (files, other) = io::list_offset_files(&dir)?;
-        if let Some(p) = other.iter().find(|p| p.is_file()) {
+        let (files, other) = cfg.disk.list_offset_files(&dir)?;
+        if let Some(p) = other.first() {
             return Err(Error::BadLayout {
                 path: p.clone(),
                 why: "unexpected file in commitlog/ (segments are named by 20-digit offsets)"
@@ -154,12 +154,10 @@ impl CommitLog {
         let mut expected: Option<u64> = None;
         let count = files.len();
         for (i, (start, path)) in files.into_iter().enumerate() {
-            let len = std::fs::metadata(&path)
-                .map_err(|e| Error::io("stat", &path, 0, e))?
-                .len();
+            let len = cfg.disk.file_len(&path)?;
             if len == 0 && i + 1 == count {
                 // A segment created but never sized (crash during creation).
-                std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, 0, e))?;
+                cfg.disk.remove_file(&path)?;
                 continue;
             }
             if start % seg_bytes != 0 || len != seg_bytes {
@@ -178,7 +176,7 @@ impl CommitLog {
                 });
             }
             expected = Some(start + seg_bytes);
-            segments.insert(start, File::open(&path, false).await?);
+            segments.insert(start, cfg.disk.open(&path, false).await?);
         }
         let min_offset = segments
             .keys()
@@ -234,6 +232,12 @@ impl CommitLog {
         off / self.seg_bytes * self.seg_bytes
     }
 
+    /// The segment file and the position in it of commit-log offset `off`.
+    pub fn locate(&self, off: u64) -> (PathBuf, u64) {
+        let seg = self.segment_start(off);
+        (self.segment_path(seg), off - seg)
+    }
+
     fn segment_path(&self, start: u64) -> PathBuf {
         self.dir.join(io::offset_name(start))
     }
@@ -248,7 +252,7 @@ impl CommitLog {
             return Ok(f);
         }
         let path = self.segment_path(start);
-        let f = File::create_sized(&path, self.seg_bytes).await?;
+        let f = self.cfg.disk.create_sized(&path, self.seg_bytes).await?;
         tracing::debug!(path = %path.display(), "created commit-log segment");
         Ok(self.segments.borrow_mut().entry(start).or_insert(f).clone())
     }
@@ -356,6 +360,27 @@ impl CommitLog {
         };
         let (found, last_nonzero) = self.resync_scan(look_from).await?;
         if let Some(valid_at) = found {
+            // A power loss tears the writes of the last unsynced round: sectors that
+            // never reached the disk read as their old contents (zeros, or the page's
+            // earlier version, which is zeros where the new records went), while later
+            // sectors of the same round may have landed. So a bad record with a sector
+            // whose part in it is all zeros, with valid data after it ending within one write pool
+            // (the most a round leaves unsynced), is a torn tail: nothing after it
+            // was acknowledged. The cut bytes are kept in lost+found/ all the same.
+            // A fully written record that fails its checksum is damage: refused.
+            let end = last_nonzero.map_or(valid_at, |l| l + 1);
+            let window = self.win_bytes * self.cfg.write_buffer_count as u64;
+            if end - bad_at <= window && self.has_zero_sector(bad_at, valid_at).await? {
+                let kept = self.quarantine(bad_at, end).await?;
+                let zeroed = self.zero_range(bad_at, end).await?;
+                report.truncated = Some((bad_at, kind, zeroed));
+                tracing::error!(
+                    offset = bad_at, %kind, valid_at, zeroed, kept = %kept.display(),
+                    "commit log: cut a torn tail that had valid records after a hole (unsynced writes \
+                     torn by a power loss); the cut bytes are kept"
+                );
+                return Ok(report);
+            }
             return Err(Error::Corrupt {
                 path,
                 offset: bad_at - self.segment_start(bad_at),
@@ -372,6 +397,35 @@ impl CommitLog {
             tracing::warn!(offset = bad_at, %kind, zeroed, "commit log: cut a torn tail");
         }
         Ok(report)
+    }
+
+    /// Whether some 512-byte sector's part inside `[from, to)` (at least 8 bytes) is
+    /// all zeros: the mark of a sector that kept its old contents in a torn write
+    /// (a bit flip cannot zero a run of bytes).
+    async fn has_zero_sector(&self, from: u64, to: u64) -> Result<bool> {
+        const SECTOR: u64 = 512;
+        let buf = self.read_files(from, (to - from) as usize).await?;
+        let mut pos = from;
+        while pos < from + buf.len() as u64 {
+            let end = ((pos / SECTOR + 1) * SECTOR).min(from + buf.len() as u64);
+            let part = &buf[(pos - from) as usize..(end - from) as usize];
+            if part.len() >= 8 && part.iter().all(|b| *b == 0) {
+                return Ok(true);
+            }
+            pos = end;
+        }
+        Ok(false)
+    }
+
+    /// Copies `[from, to)` of the log to `<root>/lost+found/commitlog-<from>` (durably)
+    /// before recovery erases it.
+    async fn quarantine(&self, from: u64, to: u64) -> Result<PathBuf> {
+        let data = self.read_files(from, (to - from) as usize).await?;
+        let dir = self.cfg.root.join("lost+found");
+        self.cfg.disk.create_dir_all(&dir)?;
+        let path = dir.join(format!("commitlog-{}", io::offset_name(from)));
+        self.cfg.disk.write_file_durable(&path, &data)?;
+        Ok(path)
     }
 
     /// Looks past a bad record for any valid record (which would make the damage
@@ -394,7 +448,11 @@ impl CommitLog {
                 continue;
             }
             // Skip holes: a sparse segment's unwritten part cannot hide a record.
-            match io::next_data(&self.segment_path(seg), pos - seg)? {
+            match self
+                .cfg
+                .disk
+                .next_data(&self.segment_path(seg), pos - seg)?
+            {
                 None => {
                     pos = seg_end;
                     continue;
@@ -475,10 +533,10 @@ impl CommitLog {
             .collect();
         for s in doomed {
             let f = self.segments.borrow_mut().remove(&s).unwrap();
-            std::fs::remove_file(&f.path).map_err(|e| Error::io("remove", &f.path, 0, e))?;
+            self.cfg.disk.remove_file(&f.path)?;
             tracing::warn!(path = %f.path.display(), "removed commit-log segment past the recovered end");
         }
-        io::sync_dir(&self.dir)?;
+        self.cfg.disk.sync_dir(&self.dir)?;
         self.written.set(end);
         self.committed.set(end);
         self.flushed.set(end);
@@ -811,7 +869,7 @@ impl CommitLog {
             let end = target.min(win_end).min(pos + chunk);
             let len = align_up(end - pos) as usize;
             let off = (pos - win_start) as usize;
-            let mut buf = file.dma.alloc_dma_buffer(len);
+            let mut buf = allocate_dma_buffer(len);
             buf.as_bytes_mut()
                 .copy_from_slice(&win.bytes()[off..off + len]);
             writes.push((file, pos - seg, CommitJob::Copy(buf)));

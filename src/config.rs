@@ -89,6 +89,8 @@ pub struct StoreConfig {
     pub query_default_max: usize,
     /// Most results a key query returns (RocketMQ `maxMsgsNumBatch`, 64).
     pub query_max: usize,
+    /// Where the files live: the real file system, or a simulated disk for tests.
+    pub disk: crate::io::Disk,
 }
 
 pub const PAGE: u64 = 4096;
@@ -125,6 +127,7 @@ impl StoreConfig {
             index_max_dirty_bytes: 32 << 20,
             query_default_max: 32,
             query_max: 64,
+            disk: crate::io::Disk::Real,
         }
     }
 

@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::consume_queue::{CqEntry, ENTRY_LEN, PRE_BLANK_SIZE};
-use crate::io::{self, File, PAGE, align_down, align_up};
+use crate::io::{self, Disk, File, PAGE, align_down, align_up};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -41,6 +41,7 @@ pub struct ConsumeQueue {
     pub topic: String,
     pub queue_id: i32,
     dir: PathBuf,
+    disk: Disk,
     entries_per_file: u64,
     file_bytes: u64,
     files: RefCell<BTreeMap<u64, Rc<File>>>,
@@ -56,6 +57,7 @@ impl ConsumeQueue {
         topic: &str,
         queue_id: i32,
         entries_per_file: u64,
+        disk: Disk,
     ) -> ConsumeQueue {
         ConsumeQueue {
             topic: topic.to_string(),
@@ -64,6 +66,7 @@ impl ConsumeQueue {
                 .join("consumequeue")
                 .join(topic)
                 .join(queue_id.to_string()),
+            disk,
             entries_per_file,
             file_bytes: entries_per_file * E,
             files: RefCell::new(BTreeMap::new()),
@@ -101,7 +104,7 @@ impl ConsumeQueue {
     /// point at or past `log_end` (the recovered end of the CommitLog) or below
     /// `log_min`. Dropped entries are erased on disk before this returns.
     pub async fn load(&self, log_min: u64, log_end: u64) -> Result<()> {
-        let (named, _) = io::list_offset_files(&self.dir)?;
+        let (named, _) = self.disk.list_offset_files(&self.dir)?;
         for (byte_pos, path) in named {
             if byte_pos % self.file_bytes != 0 {
                 return Err(Error::BadLayout {
@@ -112,7 +115,7 @@ impl ConsumeQueue {
                     ),
                 });
             }
-            let f = File::open(&path, false).await?;
+            let f = self.disk.open(&path, false).await?;
             let size = f.size().await?;
             // Our own flush may leave the last page reaching past the exact size (a
             // crash before the cut), and a crash during creation leaves an empty file.
@@ -191,7 +194,7 @@ impl ConsumeQueue {
             .collect();
         for k in doomed {
             let f = self.files.borrow_mut().remove(&k).unwrap();
-            std::fs::remove_file(&f.path).map_err(|e| Error::io("remove", &f.path, 0, e))?;
+            self.disk.remove_file(&f.path)?;
         }
         let file = self.files.borrow()[&first].clone();
         let byte_end = n * E;
@@ -373,8 +376,11 @@ impl ConsumeQueue {
         if let Some(f) = self.files.borrow().get(&first) {
             return Ok(f.clone());
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io("create dir", &self.dir, 0, e))?;
-        let f = File::create_sized(&self.file_path(first), self.file_bytes).await?;
+        self.disk.create_dir_all(&self.dir)?;
+        let f = self
+            .disk
+            .create_sized(&self.file_path(first), self.file_bytes)
+            .await?;
         self.files.borrow_mut().insert(first, f.clone());
         Ok(f)
     }
@@ -399,7 +405,7 @@ mod tests {
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(move || async move {
                 crate::io::prime_executor(&root).await.unwrap();
-                let cq = ConsumeQueue::new(&root, "T", 0, 1000);
+                let cq = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
                 for i in 0..2500u64 {
                     assert_eq!(cq.put(i, entry(i), false), Placed::Appended);
                     if i % 97 == 0 {
@@ -418,11 +424,11 @@ mod tests {
                     Placed::Gap { expected: 2500 }
                 );
                 cq.flush().await.unwrap();
-                let cq2 = ConsumeQueue::new(&root, "T", 0, 1000);
+                let cq2 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
                 cq2.load(0, 2500 * 100).await.unwrap();
                 assert_eq!(cq2.max_offset(), 2500);
                 // Entries pointing past the log end are dropped at load.
-                let cq3 = ConsumeQueue::new(&root, "T", 0, 1000);
+                let cq3 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
                 cq3.load(0, 2000 * 100 + 50).await.unwrap();
                 assert_eq!(cq3.max_offset(), 2000);
                 for q in (0..2000).step_by(111) {

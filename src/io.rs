@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 use glommio::io::{DmaFile, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
+
+pub use crate::sim::{SimDisk, SimOp};
 
 pub const PAGE: usize = 4096;
 
@@ -20,6 +23,300 @@ pub fn align_down(v: u64) -> u64 {
 }
 pub fn align_up(v: u64) -> u64 {
     align_down(v + PAGE as u64 - 1)
+}
+
+/// Where a store keeps its files: the real file system (O_DIRECT through glommio) or
+/// a [`SimDisk`] for crash and fault tests. Every file and directory operation of the
+/// store goes through this, so the same code runs on both.
+#[derive(Clone, Default)]
+pub enum Disk {
+    #[default]
+    Real,
+    Sim(Arc<SimDisk>),
+}
+
+impl std::fmt::Debug for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Disk::Real => f.write_str("Real"),
+            Disk::Sim(_) => f.write_str("Sim"),
+        }
+    }
+}
+
+/// The exclusive hold on a store root; released when dropped.
+pub enum RootLock {
+    Real(std::fs::File),
+    Sim(Arc<SimDisk>, PathBuf),
+}
+
+impl Drop for RootLock {
+    fn drop(&mut self) {
+        if let RootLock::Sim(d, p) = self {
+            d.unlock(p);
+        }
+    }
+}
+
+/// One entry of a directory listing.
+pub struct DirEntry {
+    pub name: String,
+    pub path: PathBuf,
+    pub is_dir: bool,
+}
+
+impl Disk {
+    pub fn is_sim(&self) -> bool {
+        matches!(self, Disk::Sim(_))
+    }
+
+    /// Makes glommio's per-thread iopoll probe see real data (see module docs).
+    pub async fn prime_executor(&self, dir: &Path) -> Result<()> {
+        match self {
+            Disk::Real => prime_executor(dir).await,
+            Disk::Sim(_) => Ok(()),
+        }
+    }
+
+    pub fn create_dir_all(&self, dir: &Path) -> Result<()> {
+        match self {
+            Disk::Real => std::fs::create_dir_all(dir),
+            Disk::Sim(d) => d.create_dir_all(dir),
+        }
+        .map_err(|e| Error::io("create dir", dir, 0, e))
+    }
+
+    pub fn exists(&self, path: &Path) -> bool {
+        match self {
+            Disk::Real => path.exists(),
+            Disk::Sim(d) => d.exists(path),
+        }
+    }
+
+    /// A whole small file, or `None` when it does not exist.
+    pub fn read_file(&self, path: &Path) -> Result<Option<Vec<u8>>> {
+        let r = match self {
+            Disk::Real => std::fs::read(path),
+            Disk::Sim(d) => d
+                .open(path, false)
+                .and_then(|ino| Ok((ino, d.len(ino)?)))
+                .and_then(|(ino, len)| d.read(ino, 0, len as usize)),
+        };
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("read", path, 0, e)),
+        }
+    }
+
+    /// Writes a small file and makes it and its name durable (buffered I/O: for the
+    /// abort marker and other small metadata).
+    pub fn write_file_durable(&self, path: &Path, data: &[u8]) -> Result<()> {
+        let r = match self {
+            Disk::Real => {
+                std::fs::write(path, data).and_then(|_| std::fs::File::open(path)?.sync_all())
+            }
+            Disk::Sim(d) => d.open(path, true).and_then(|ino| {
+                d.truncate(ino, 0)?;
+                d.write(ino, 0, data)?;
+                d.sync(ino)
+            }),
+        };
+        r.map_err(|e| Error::io("write", path, 0, e))?;
+        self.sync_dir(path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Replaces `path` atomically: writes `path.tmp`, syncs it, renames it over `path`
+    /// and syncs the directory.
+    pub fn replace_file(&self, path: &Path, data: &[u8]) -> Result<()> {
+        let tmp = path.with_extension("tmp");
+        let r = match self {
+            Disk::Real => std::fs::write(&tmp, data)
+                .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+                .and_then(|_| std::fs::rename(&tmp, path)),
+            Disk::Sim(d) => d
+                .open(&tmp, true)
+                .and_then(|ino| {
+                    d.truncate(ino, 0)?;
+                    d.write(ino, 0, data)?;
+                    d.sync(ino)
+                })
+                .and_then(|_| d.rename(&tmp, path)),
+        };
+        r.map_err(|e| Error::io("replace", path, 0, e))?;
+        self.sync_dir(path.parent().unwrap_or(Path::new(".")))
+    }
+
+    pub fn remove_file(&self, path: &Path) -> Result<()> {
+        match self {
+            Disk::Real => std::fs::remove_file(path),
+            Disk::Sim(d) => d.remove_file(path),
+        }
+        .map_err(|e| Error::io("remove", path, 0, e))
+    }
+
+    pub fn remove_dir_all(&self, path: &Path) -> Result<()> {
+        match self {
+            Disk::Real => std::fs::remove_dir_all(path),
+            Disk::Sim(d) => d.remove_dir_all(path),
+        }
+        .map_err(|e| Error::io("remove dir", path, 0, e))
+    }
+
+    /// fsyncs a directory so that created, renamed and removed entries are durable.
+    pub fn sync_dir(&self, dir: &Path) -> Result<()> {
+        match self {
+            Disk::Real => sync_dir(dir),
+            Disk::Sim(d) => d
+                .sync_dir(dir)
+                .map_err(|e| Error::io("fsync dir", dir, 0, e)),
+        }
+    }
+
+    /// Length of the file at `path`.
+    pub fn file_len(&self, path: &Path) -> Result<u64> {
+        match self {
+            Disk::Real => std::fs::metadata(path).map(|m| m.len()),
+            Disk::Sim(d) => d.path_len(path),
+        }
+        .map_err(|e| Error::io("stat", path, 0, e))
+    }
+
+    /// A directory's entries (empty when it does not exist), sorted by name.
+    pub fn list_dir(&self, dir: &Path) -> Result<Vec<DirEntry>> {
+        let mut out = Vec::new();
+        match self {
+            Disk::Real => {
+                let rd = match std::fs::read_dir(dir) {
+                    Ok(rd) => rd,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+                    Err(e) => return Err(Error::io("list", dir, 0, e)),
+                };
+                for entry in rd {
+                    let entry = entry.map_err(|e| Error::io("list", dir, 0, e))?;
+                    let path = entry.path();
+                    out.push(DirEntry {
+                        name: entry.file_name().to_string_lossy().into_owned(),
+                        is_dir: path.is_dir(),
+                        path,
+                    });
+                }
+            }
+            Disk::Sim(d) => {
+                let list = d.list(dir).map_err(|e| Error::io("list", dir, 0, e))?;
+                for (name, path, is_dir) in list.unwrap_or_default() {
+                    out.push(DirEntry { name, path, is_dir });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Lists `dir`'s files named by 20-digit offsets, sorted; other regular files are
+    /// returned separately so callers can refuse or ignore them.
+    pub fn list_offset_files(&self, dir: &Path) -> Result<OffsetListing> {
+        let mut named = Vec::new();
+        let mut other = Vec::new();
+        for e in self.list_dir(dir)? {
+            match parse_offset_name(&e.name) {
+                Some(off) if !e.is_dir => named.push((off, e.path)),
+                _ if !e.is_dir => other.push(e.path),
+                _ => {}
+            }
+        }
+        named.sort();
+        Ok((named, other))
+    }
+
+    /// The first offset at or after `from` holding data (not a hole) in the file at
+    /// `path`, or `None` when only holes follow (`lseek(SEEK_DATA)`). Lets recovery
+    /// skip the unwritten, sparse part of a preallocated segment without reading it.
+    pub fn next_data(&self, path: &Path, from: u64) -> Result<Option<u64>> {
+        match self {
+            Disk::Real => next_data(path, from),
+            Disk::Sim(d) => d
+                .next_data(path, from)
+                .map_err(|e| Error::io("seek data", path, from, e)),
+        }
+    }
+
+    /// Takes the exclusive lock on `<root>/lock` (RocketMQ's "MQ already started" guard).
+    pub fn lock_root(&self, root: &Path) -> Result<RootLock> {
+        match self {
+            Disk::Real => lock_root(root).map(RootLock::Real),
+            Disk::Sim(d) => {
+                if d.try_lock(root) {
+                    Ok(RootLock::Sim(d.clone(), root.to_path_buf()))
+                } else {
+                    Err(Error::Locked(root.to_path_buf()))
+                }
+            }
+        }
+    }
+
+    /// (total, available) bytes of the file system holding `path`.
+    pub fn space(&self, path: &Path) -> Result<Option<(u64, u64)>> {
+        match self {
+            Disk::Real => {
+                use std::os::unix::ffi::OsStrExt;
+                let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+                    Error::BadRequest(format!("path {} has a NUL byte", path.display()))
+                })?;
+                // SAFETY: statvfs writes into the zeroed struct we pass; the path is a
+                // valid NUL-terminated string that outlives the call.
+                let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+                let r = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
+                if r != 0 {
+                    return Err(Error::io(
+                        "statvfs",
+                        path,
+                        0,
+                        std::io::Error::last_os_error(),
+                    ));
+                }
+                let frsize = s.f_frsize as u64;
+                Ok(Some((
+                    s.f_blocks as u64 * frsize,
+                    s.f_bavail as u64 * frsize,
+                )))
+            }
+            Disk::Sim(d) => Ok(d.space()),
+        }
+    }
+
+    /// Opens (creating if asked) read-write: O_DIRECT on the real disk.
+    pub async fn open(&self, path: &Path, create: bool) -> Result<Rc<File>> {
+        let backing = match self {
+            Disk::Real => Backing::Dma(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(create)
+                    .dma_open(path)
+                    .await
+                    .map_err(|e| Error::glommio("open", path, 0, e))?,
+            ),
+            Disk::Sim(d) => Backing::Sim(
+                d.clone(),
+                d.open(path, create)
+                    .map_err(|e| Error::io("open", path, 0, e))?,
+            ),
+        };
+        Ok(Rc::new(File {
+            path: path.to_path_buf(),
+            backing,
+        }))
+    }
+
+    /// Creates a file of exactly `len` bytes (sparse) and makes it and its name durable.
+    pub async fn create_sized(&self, path: &Path, len: u64) -> Result<Rc<File>> {
+        let f = self.open(path, true).await?;
+        f.truncate(len).await?;
+        f.sync().await?;
+        self.sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        Ok(f)
+    }
 }
 
 /// Makes glommio's per-thread iopoll probe see real data (see module docs).
@@ -46,59 +343,102 @@ pub async fn prime_executor(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// An O_DIRECT file with its path kept for error messages.
+/// Takes the exclusive lock on `<root>/lock` of a real directory.
+pub(crate) fn lock_root(root: &Path) -> Result<std::fs::File> {
+    let path = root.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::io("open", &path, 0, e))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked(root.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path, 0, e)),
+    }
+    use std::io::Write;
+    (&f).write_all(b"lock")
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::io("write", &path, 0, e))?;
+    Ok(f)
+}
+
+enum Backing {
+    Dma(DmaFile),
+    Sim(Arc<SimDisk>, u64),
+}
+
+/// Bytes read from a file: glommio's buffer on the real disk, a vector on the
+/// simulated one.
+pub enum ReadBuf {
+    Dma(glommio::io::ReadResult),
+    Mem(Vec<u8>),
+}
+
+impl std::ops::Deref for ReadBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadBuf::Dma(r) => r,
+            ReadBuf::Mem(v) => v,
+        }
+    }
+}
+
+/// A store file with its path kept for error messages.
 pub struct File {
     pub path: PathBuf,
-    pub dma: DmaFile,
+    backing: Backing,
 }
 
 impl File {
-    /// Opens (creating if asked) read-write with O_DIRECT.
+    /// Opens a real file (O_DIRECT).
     pub async fn open(path: &Path, create: bool) -> Result<Rc<File>> {
-        let dma = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .dma_open(path)
-            .await
-            .map_err(|e| Error::glommio("open", path, 0, e))?;
-        Ok(Rc::new(File {
-            path: path.to_path_buf(),
-            dma,
-        }))
-    }
-
-    /// Creates a file of exactly `len` bytes (sparse) and fsyncs its directory entry.
-    pub async fn create_sized(path: &Path, len: u64) -> Result<Rc<File>> {
-        let f = File::open(path, true).await?;
-        f.dma
-            .truncate(len)
-            .await
-            .map_err(|e| Error::glommio("truncate", path, len, e))?;
-        f.sync().await?;
-        sync_dir(path.parent().unwrap_or(Path::new(".")))?;
-        Ok(f)
+        Disk::Real.open(path, create).await
     }
 
     /// Writes `data` at `pos`; both must be aligned and `data.len()` a page multiple.
     pub async fn write_aligned(&self, pos: u64, data: &[u8]) -> Result<()> {
         debug_assert!(pos.is_multiple_of(PAGE as u64) && data.len().is_multiple_of(PAGE));
-        let mut buf = self.dma.alloc_dma_buffer(data.len());
-        buf.as_bytes_mut().copy_from_slice(data);
-        self.write_buf(pos, buf).await
+        match &self.backing {
+            Backing::Dma(dma) => {
+                let mut buf = dma.alloc_dma_buffer(data.len());
+                buf.as_bytes_mut().copy_from_slice(data);
+                self.write_buf(pos, buf).await
+            }
+            Backing::Sim(d, ino) => d
+                .write(*ino, pos, data)
+                .map_err(|e| Error::io("write", &self.path, pos, e)),
+        }
     }
 
     pub async fn write_buf(&self, pos: u64, buf: glommio::io::DmaBuffer) -> Result<()> {
         let len = buf.len();
-        let n = self.dma.write_at(buf, pos).await;
-        self.written(pos, len, n)
+        match &self.backing {
+            Backing::Dma(dma) => {
+                let n = dma.write_at(buf, pos).await;
+                self.written(pos, len, n)
+            }
+            Backing::Sim(d, ino) => d
+                .write(*ino, pos, buf.as_bytes())
+                .map_err(|e| Error::io("write", &self.path, pos, e)),
+        }
     }
 
     /// Writes a shared buffer (kept alive by the caller too) at aligned `pos`.
     pub async fn write_rc(&self, pos: u64, buf: Rc<glommio::io::DmaBuffer>) -> Result<()> {
         let len = buf.len();
-        let n = self.dma.write_rc_at(buf, pos).await;
-        self.written(pos, len, n)
+        match &self.backing {
+            Backing::Dma(dma) => {
+                let n = dma.write_rc_at(buf, pos).await;
+                self.written(pos, len, n)
+            }
+            Backing::Sim(d, ino) => d
+                .write(*ino, pos, buf.as_bytes())
+                .map_err(|e| Error::io("write", &self.path, pos, e)),
+        }
     }
 
     /// Turns a write's outcome into an error naming the file unless all `len` bytes went.
@@ -115,36 +455,56 @@ impl File {
     }
 
     /// Reads up to `len` bytes at any offset (short at end of file).
-    pub async fn read(&self, pos: u64, len: usize) -> Result<glommio::io::ReadResult> {
-        self.dma
-            .read_at(pos, len)
-            .await
-            .map_err(|e| Error::glommio("read", &self.path, pos, e))
+    pub async fn read(&self, pos: u64, len: usize) -> Result<ReadBuf> {
+        match &self.backing {
+            Backing::Dma(dma) => dma
+                .read_at(pos, len)
+                .await
+                .map(ReadBuf::Dma)
+                .map_err(|e| Error::glommio("read", &self.path, pos, e)),
+            Backing::Sim(d, ino) => d
+                .read(*ino, pos, len)
+                .map(ReadBuf::Mem)
+                .map_err(|e| Error::io("read", &self.path, pos, e)),
+        }
     }
 
     pub async fn sync(&self) -> Result<()> {
-        self.dma
-            .fdatasync()
-            .await
-            .map_err(|e| Error::glommio("fdatasync", &self.path, 0, e))
+        match &self.backing {
+            Backing::Dma(dma) => dma
+                .fdatasync()
+                .await
+                .map_err(|e| Error::glommio("fdatasync", &self.path, 0, e)),
+            Backing::Sim(d, ino) => d
+                .sync(*ino)
+                .map_err(|e| Error::io("fdatasync", &self.path, 0, e)),
+        }
     }
 
     pub async fn truncate(&self, len: u64) -> Result<()> {
-        self.dma
-            .truncate(len)
-            .await
-            .map_err(|e| Error::glommio("truncate", &self.path, len, e))
+        match &self.backing {
+            Backing::Dma(dma) => dma
+                .truncate(len)
+                .await
+                .map_err(|e| Error::glommio("truncate", &self.path, len, e)),
+            Backing::Sim(d, ino) => d
+                .truncate(*ino, len)
+                .map_err(|e| Error::io("truncate", &self.path, len, e)),
+        }
     }
 
     pub async fn size(&self) -> Result<u64> {
-        self.dma
-            .file_size()
-            .await
-            .map_err(|e| Error::glommio("stat", &self.path, 0, e))
+        match &self.backing {
+            Backing::Dma(dma) => dma
+                .file_size()
+                .await
+                .map_err(|e| Error::glommio("stat", &self.path, 0, e)),
+            Backing::Sim(d, ino) => d.len(*ino).map_err(|e| Error::io("stat", &self.path, 0, e)),
+        }
     }
 }
 
-/// fsyncs a directory so that created, renamed and removed entries are durable.
+/// fsyncs a real directory so that created, renamed and removed entries are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
@@ -164,29 +524,12 @@ pub fn parse_offset_name(name: &str) -> Option<u64> {
     name.parse().ok()
 }
 
-/// Lists `dir`'s files named by 20-digit offsets, sorted; other names are returned
-/// separately so callers can refuse or ignore them.
 /// Files named by offset, sorted, and the other entries of a directory.
 pub type OffsetListing = (Vec<(u64, PathBuf)>, Vec<PathBuf>);
 
+/// [`Disk::list_offset_files`] on the real file system.
 pub fn list_offset_files(dir: &Path) -> Result<OffsetListing> {
-    let mut named = Vec::new();
-    let mut other = Vec::new();
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((named, other)),
-        Err(e) => return Err(Error::io("list", dir, 0, e)),
-    };
-    for entry in rd {
-        let entry = entry.map_err(|e| Error::io("list", dir, 0, e))?;
-        let name = entry.file_name();
-        match name.to_str().and_then(parse_offset_name) {
-            Some(off) => named.push((off, entry.path())),
-            None => other.push(entry.path()),
-        }
-    }
-    named.sort();
-    Ok((named, other))
+    Disk::Real.list_offset_files(dir)
 }
 
 /// The first offset at or after `from` holding data (not a hole) in the file at

@@ -20,6 +20,7 @@ pub mod io;
 pub mod loadgen;
 pub mod message;
 pub mod shard;
+pub mod sim;
 pub mod store;
 mod sync;
 

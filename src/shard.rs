@@ -234,7 +234,7 @@ impl ShardedStore {
             cfg.shard_config(i).validate()?;
         }
         std::fs::create_dir_all(&cfg.root).map_err(|e| Error::io("create dir", &cfg.root, 0, e))?;
-        let lock = crate::store::lock_root(&cfg.root)?;
+        let lock = crate::io::lock_root(&cfg.root)?;
         read_or_create_meta(&cfg.root, cfg.shards)?;
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..cfg.shards)
             .map(|_| flume::bounded(cfg.channel_capacity))

@@ -27,12 +27,11 @@ use crate::format::manifest::QueueManifest;
 use crate::format::msg_id::MessageId;
 use crate::format::properties;
 use crate::format::record::{self, Decoded, RecordFields, Verify};
-use crate::io::{self, File};
+use crate::io::{self, File, RootLock};
 use crate::message::*;
 use crate::sync::{Notify, OffsetWatch};
 use ahash::AHashMap;
 use std::cell::{Cell, RefCell};
-use std::path::Path;
 use std::rc::Rc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,10 +62,12 @@ struct Inner {
     last_dispatched_ts: Cell<i64>,
     state: Cell<State>,
     failed: RefCell<Option<String>>,
+    /// Serialises checkpoint rounds (background flusher and `Store::checkpoint`).
+    round_lock: glommio::sync::Semaphore,
     checkpoint: Rc<File>,
     tasks: RefCell<Vec<glommio::task::JoinHandle<()>>>,
     /// Released by `shutdown` even while clones of the handle live on.
-    lock: RefCell<Option<std::fs::File>>,
+    lock: RefCell<Option<RootLock>>,
     /// The key index (issue 4); `None` when `index_enable` is off.
     index: Option<Rc<crate::index::IndexService>>,
 }
@@ -113,28 +114,6 @@ impl Drop for Owner {
     }
 }
 
-/// Takes the exclusive lock on `<root>/lock` (RocketMQ's "MQ already started" guard).
-pub(crate) fn lock_root(root: &Path) -> Result<std::fs::File> {
-    let path = root.join("lock");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| Error::io("open", &path, 0, e))?;
-    match f.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked(root.to_path_buf())),
-        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path, 0, e)),
-    }
-    use std::io::Write;
-    (&f).write_all(b"lock")
-        .and_then(|_| f.sync_all())
-        .map_err(|e| Error::io("write", &path, 0, e))?;
-    Ok(f)
-}
-
 fn valid_topic_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'%' | b'|' | b'_' | b'-')
 }
@@ -146,22 +125,22 @@ impl Store {
         cfg.validate()?;
         let cfg = Rc::new(cfg);
         let root = cfg.root.clone();
-        std::fs::create_dir_all(&root).map_err(|e| Error::io("create dir", &root, 0, e))?;
-        let lock = lock_root(&root)?;
-        io::prime_executor(&root).await?;
+        let disk = cfg.disk.clone();
+        disk.create_dir_all(&root)?;
+        let lock = disk.lock_root(&root)?;
+        disk.prime_executor(&root).await?;
         let abort_path = root.join("abort");
-        let clean = !abort_path.exists();
+        let clean = !disk.exists(&abort_path);
         let cp_path = root.join("checkpoint");
-        let (cp, cp_valid) = match std::fs::read(&cp_path) {
-            Ok(bytes) => match Checkpoint::decode(&bytes) {
+        let (cp, cp_valid) = match disk.read_file(&cp_path)? {
+            Some(bytes) => match Checkpoint::decode(&bytes) {
                 Ok(v) => v,
                 Err(kind) => {
                     tracing::warn!(path = %cp_path.display(), %kind, "checkpoint damaged; recovering from the whole log");
                     (Checkpoint::default(), false)
                 }
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Checkpoint::default(), false),
-            Err(e) => return Err(Error::io("read", &cp_path, 0, e)),
+            None => (Checkpoint::default(), false),
         };
         let (scan_from, durable_below) = if cp_valid {
             (
@@ -193,7 +172,7 @@ impl Store {
             // it of everything written from now on.
             log.set_crc_required_from(log_end);
         }
-        let checkpoint = File::open(&cp_path, true).await?;
+        let checkpoint = disk.open(&cp_path, true).await?;
         // Key index (issue 4): loaded (and repaired after a crash) before dispatch.
         let index = if cfg.index_enable {
             let (ix, rep) = crate::index::IndexService::open(&cfg, clean, log_end).await?;
@@ -215,6 +194,7 @@ impl Store {
             last_dispatched_ts: Cell::new(0),
             state: Cell::new(State::Running),
             failed: RefCell::new(None),
+            round_lock: glommio::sync::Semaphore::new(1),
             checkpoint,
             tasks: RefCell::new(Vec::new()),
             lock: RefCell::new(Some(lock)),
@@ -271,10 +251,7 @@ impl Store {
         inner
             .write_checkpoint(log_end, inner.manifest(log_end))
             .await?;
-        std::fs::write(&abort_path, std::process::id().to_string())
-            .and_then(|_| std::fs::File::open(&abort_path)?.sync_all())
-            .map_err(|e| Error::io("create", &abort_path, 0, e))?;
-        io::sync_dir(&root)?;
+        disk.write_file_durable(&abort_path, std::process::id().to_string().as_bytes())?;
         let report = OpenReport {
             clean_shutdown: clean,
             checkpoint_valid: cp_valid,
@@ -517,14 +494,14 @@ impl Store {
                 continue;
             }
             bytes += e.size as usize;
-            taken.push(e);
+            taken.push((next - 1, e));
         }
         r.next_begin_offset = next;
         if taken.is_empty() {
             r.status = GetStatus::MessageWasRemoving;
             return Ok(r);
         }
-        r.records = inner.read_records(&taken, bytes).await?;
+        r.records = inner.read_records(topic, queue_id, &taken, bytes).await?;
         r.status = GetStatus::Found;
         Ok(r)
     }
@@ -695,6 +672,23 @@ impl Store {
         Ok(log.flushed.get())
     }
 
+    /// Flushes the consume queues and key index and writes the checkpoint now, instead
+    /// of waiting for `consume_queue_flush_interval` (less to re-dispatch after a
+    /// crash). A failure here stops the store taking writes, as in the background.
+    pub async fn checkpoint(&self) -> Result<()> {
+        if self.inner.state.get() != State::Running {
+            return Err(Error::ShutDown);
+        }
+        let r = self.inner.checkpoint_round().await;
+        if let Err(e) = &r
+            && !matches!(e, Error::Failed(_))
+        {
+            tracing::error!(error = %e, "checkpoint failed; the shard stops taking writes");
+            *self.inner.failed.borrow_mut() = Some(e.to_string());
+        }
+        r
+    }
+
     /// Waits until every record written so far is visible to `get`.
     pub async fn wait_dispatched(&self) {
         let target = self.inner.log.written();
@@ -736,14 +730,19 @@ impl Store {
             return Err(Error::Failed(f));
         }
         let end = inner.log.written();
+        let _round = inner
+            .round_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|e| Error::Failed(e.to_string()))?;
         inner.flush_queues().await?;
         if let Some(ix) = &inner.index {
             ix.flush().await?;
         }
         inner.write_checkpoint(end, inner.manifest(end)).await?;
         let abort = inner.cfg.root.join("abort");
-        std::fs::remove_file(&abort).map_err(|e| Error::io("remove", &abort, 0, e))?;
-        io::sync_dir(&inner.cfg.root)?;
+        inner.cfg.disk.remove_file(&abort)?;
+        inner.cfg.disk.sync_dir(&inner.cfg.root)?;
         inner.lock.borrow_mut().take();
         tracing::info!(root = %inner.cfg.root.display(), end, "store shut down cleanly");
         Ok(())
@@ -824,6 +823,7 @@ impl Inner {
             topic,
             queue_id,
             self.cfg.consume_queue_entries_per_file,
+            self.cfg.disk.clone(),
         ));
         let q = Rc::new(Queue {
             cq,
@@ -843,24 +843,14 @@ impl Inner {
     async fn load_queues(&self, log_min: u64, log_end: u64) -> Result<bool> {
         let mut damaged = false;
         let cq_root = self.cfg.root.join("consumequeue");
-        let topics = match std::fs::read_dir(&cq_root) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(Error::io("list", &cq_root, 0, e)),
-        };
-        for t in topics {
-            let t = t.map_err(|e| Error::io("list", &cq_root, 0, e))?;
-            let Some(topic) = t.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            if !t.path().is_dir() {
+        let disk = &self.cfg.disk;
+        for t in disk.list_dir(&cq_root)? {
+            if !t.is_dir {
                 continue;
             }
-            let qdirs =
-                std::fs::read_dir(t.path()).map_err(|e| Error::io("list", t.path(), 0, e))?;
-            for qd in qdirs {
-                let qd = qd.map_err(|e| Error::io("list", t.path(), 0, e))?;
-                let Some(qid) = qd.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let topic = t.name;
+            for qd in disk.list_dir(&t.path)? {
+                let Some(qid) = qd.name.parse::<i32>().ok().filter(|_| qd.is_dir) else {
                     continue;
                 };
                 let q = self.queue(&topic, qid);
@@ -868,9 +858,7 @@ impl Inner {
                     Ok(()) => {}
                     Err(e @ Error::Corrupt { .. }) => {
                         tracing::warn!(error = %e, "discarding a damaged consume queue; it is rebuilt from the log");
-                        let dir = qd.path();
-                        std::fs::remove_dir_all(&dir)
-                            .map_err(|e| Error::io("remove", &dir, 0, e))?;
+                        disk.remove_dir_all(&qd.path)?;
                         if let Some(m) = self.queues.borrow_mut().get_mut(&topic) {
                             m.remove(&qid);
                         }
@@ -983,16 +971,25 @@ impl Inner {
 
     /// Reads the records of `entries` (ascending log offsets within one queue),
     /// merging nearby ones into one read when the span wastes at most 3x `needed`.
-    async fn read_records(&self, entries: &[CqEntry], needed: usize) -> Result<Vec<bytes::Bytes>> {
+    /// Reads the records of `entries` (queue offset, entry) and verifies each one:
+    /// checksums, and that it is the record of this queue position, so damaged bytes
+    /// or a damaged queue entry give `Error::Corrupt`, never another message.
+    async fn read_records(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        entries: &[(QueueOffset, CqEntry)],
+        needed: usize,
+    ) -> Result<Vec<bytes::Bytes>> {
         let mut out = Vec::with_capacity(entries.len());
         let budget = (needed * 4).max(256 << 10) as u64;
         let mut i = 0;
         while i < entries.len() {
-            let start = entries[i].phys_offset as u64;
+            let start = entries[i].1.phys_offset as u64;
             let mut j = i + 1;
-            let mut end = start + entries[i].size as u64;
+            let mut end = start + entries[i].1.size as u64;
             while j < entries.len() {
-                let e = &entries[j];
+                let e = &entries[j].1;
                 let e_end = e.phys_offset as u64 + e.size as u64;
                 if (e.phys_offset as u64) < end || e_end - start > budget {
                     break;
@@ -1001,13 +998,54 @@ impl Inner {
                 j += 1;
             }
             let span = self.log.read(start, (end - start) as usize).await?;
-            for e in &entries[i..j] {
+            for (qoff, e) in &entries[i..j] {
                 let at = (e.phys_offset as u64 - start) as usize;
-                out.push(span.slice(at..at + e.size as usize));
+                let raw = span.slice(at..at + e.size as usize);
+                self.verify_entry_record(topic, queue_id, *qoff, e, &raw)?;
+                out.push(raw);
             }
             i = j;
         }
         Ok(out)
+    }
+
+    fn verify_entry_record(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        qoff: QueueOffset,
+        e: &CqEntry,
+        raw: &[u8],
+    ) -> Result<()> {
+        let phys = e.phys_offset as u64;
+        let verify = Verify {
+            crc: true,
+            at_offset: Some(phys as i64),
+            max_total_size: self.cfg.max_record_bytes(),
+            require_record_crc: self.log.requires_crc(phys),
+        };
+        let kind = match record::decode(raw, verify) {
+            Ok(Decoded::Record(v))
+                if v.topic == topic
+                    && v.queue_id == queue_id
+                    && v.queue_offset == qoff as i64
+                    && v.total_size == e.size as u32 =>
+            {
+                return Ok(());
+            }
+            Ok(_) => crate::format::Corruption::QueueMismatch,
+            Err(k) => k,
+        };
+        let (path, offset) = self.log.locate(phys);
+        tracing::error!(path = %path.display(), offset, %kind, topic, queue_id, qoff, "damaged record on read");
+        Err(Error::Corrupt {
+            path,
+            offset,
+            kind,
+            detail: Some(format!(
+                "record for {topic}/{queue_id} at queue offset {qoff}"
+            )),
+        })
     }
 
     /// Every queue holding entries and its length, taken when `dispatched` read
@@ -1035,7 +1073,7 @@ impl Inner {
     /// the recovered log reaches the manifest's dispatch point.
     fn queues_shorter_than_manifest(&self, cp: &Checkpoint, log_end: u64) -> bool {
         let path = self.cfg.root.join("config").join("cq-manifest");
-        let Ok(bytes) = std::fs::read(&path) else {
+        let Ok(Some(bytes)) = self.cfg.disk.read_file(&path) else {
             return false;
         };
         let Ok(m) = QueueManifest::decode(&bytes) else {
@@ -1073,13 +1111,8 @@ impl Inner {
         const _: () = assert!(CHECKPOINT_LEN == io::PAGE);
         let dir = self.cfg.root.join("config");
         let path = dir.join("cq-manifest");
-        let tmp = dir.join("cq-manifest.tmp");
-        std::fs::create_dir_all(&dir)
-            .and_then(|_| std::fs::write(&tmp, manifest.encode()))
-            .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|e| Error::io("write", &path, 0, e))?;
-        io::sync_dir(&dir)
+        self.cfg.disk.create_dir_all(&dir)?;
+        self.cfg.disk.replace_file(&path, &manifest.encode())
     }
 
     fn spawn_tasks(self: &Rc<Self>) -> Result<()> {
@@ -1160,6 +1193,27 @@ impl Inner {
         }
     }
 
+    /// Flushes the consume queues and the key index, then writes the checkpoint that
+    /// says how far they go. Rounds never overlap.
+    async fn checkpoint_round(&self) -> Result<()> {
+        let _round = self
+            .round_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|e| Error::Failed(e.to_string()))?;
+        if let Some(f) = self.failed.borrow().clone() {
+            return Err(Error::Failed(f));
+        }
+        let dispatch_safe = self.dispatched.get();
+        let log_flushed = self.log.flushed.get();
+        let manifest = self.manifest(dispatch_safe);
+        self.flush_queues().await?;
+        if let Some(ix) = &self.index {
+            ix.flush().await?;
+        }
+        self.write_checkpoint(log_flushed, manifest).await
+    }
+
     async fn run_queue_flusher(self: Rc<Self>) {
         loop {
             futures_lite::future::or(
@@ -1170,18 +1224,7 @@ impl Inner {
             if self.state.get() != State::Running {
                 return;
             }
-            let dispatch_safe = self.dispatched.get();
-            let log_flushed = self.log.flushed.get();
-            let manifest = self.manifest(dispatch_safe);
-            let r = async {
-                self.flush_queues().await?;
-                if let Some(ix) = &self.index {
-                    ix.flush().await?;
-                }
-                self.write_checkpoint(log_flushed, manifest).await
-            }
-            .await;
-            if let Err(e) = r {
+            if let Err(e) = self.checkpoint_round().await {
                 tracing::error!(error = %e, "consume-queue flush failed; the shard stops taking writes");
                 *self.failed.borrow_mut() = Some(e.to_string());
                 return;

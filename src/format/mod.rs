@@ -39,6 +39,8 @@ pub enum Corruption {
     Checksum,
     /// The record-CRC property is required but absent or damaged.
     MissingRecordCrc,
+    /// A consume-queue entry points at a record of another queue or queue offset.
+    QueueMismatch,
 }
 
 impl std::fmt::Display for Corruption {
@@ -62,6 +64,12 @@ impl std::fmt::Display for Corruption {
             Corruption::BadUtf8 => write!(f, "text is not UTF-8"),
             Corruption::Checksum => write!(f, "checksum mismatch"),
             Corruption::MissingRecordCrc => write!(f, "record-CRC property missing or damaged"),
+            Corruption::QueueMismatch => {
+                write!(
+                    f,
+                    "consume-queue entry points at a record of another queue position"
+                )
+            }
         }
     }
 }

@@ -1,0 +1,594 @@
+//! A simulated disk: the same store code runs on memory whose crash behaviour is chosen
+//! by a seed, so the failures a real disk produces rarely (torn writes, lost unsynced
+//! data, I/O errors, flipped bits) happen on purpose and replay exactly.
+//!
+//! The model is the contract POSIX and ext4 give a program that uses `fdatasync` and
+//! directory `fsync`, made as weak as the contract allows:
+//! * A file's bytes become durable only when the file is synced. Until then every
+//!   512-byte sector written since the last sync is independently old or new after a
+//!   crash (a torn write), and a length change may or may not have happened.
+//! * A name (create, rename, remove) becomes durable only when its directory is synced;
+//!   a crash forgets names that were not. Directories themselves are durable at once
+//!   (`create_dir_all`), a simplification: the store creates them once, at open.
+//! * Reads see the current (page-cache) contents, as on a real file system.
+//!
+//! Faults: [`SimDisk::crash_at_sync`] makes the k-th sync point (file or directory
+//! sync) fail and every operation after it fail too, as if the machine lost power
+//! there; [`SimDisk::crash_image`] then gives the disk a restarted machine would see.
+//! [`SimDisk::fail_nth`] fails one future write, sync or truncate with EIO and keeps
+//! the disk working (for fail-stop tests); [`SimDisk::flip_bits`] damages stored
+//! bytes; [`SimDisk::set_capacity`] makes writes past a size fail with ENOSPC.
+//!
+//! Everything runs synchronously under one mutex: an operation never yields, so a
+//! single-executor workload on a simulated disk runs the same way every time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Sector size of the simulated device: the unit in which writes tear.
+pub const SECTOR: u64 = 512;
+
+/// Kinds of operations whose n-th occurrence [`SimDisk::fail_nth`] can fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SimOp {
+    Write,
+    Sync,
+    Truncate,
+    Read,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Dir,
+    File(u64),
+}
+
+#[derive(Debug, Default, Clone)]
+struct Node {
+    data: Vec<u8>,
+    durable: Vec<u8>,
+    /// Sectors written (or zeroed by a length change) since the last sync.
+    dirty: BTreeSet<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    nodes: HashMap<u64, Node>,
+    next_ino: u64,
+    names: BTreeMap<PathBuf, Entry>,
+    durable_names: BTreeMap<PathBuf, Entry>,
+    sync_points: u64,
+    crash_at: Option<u64>,
+    crashed: bool,
+    fail: Vec<(SimOp, u64)>,
+    counts: HashMap<SimOp, u64>,
+    capacity: Option<u64>,
+    locks: HashSet<PathBuf>,
+}
+
+/// A deterministic random source (SplitMix64): tests replay a seed exactly.
+#[derive(Debug, Clone)]
+pub struct SimRng(u64);
+
+impl SimRng {
+    pub fn new(seed: u64) -> SimRng {
+        SimRng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// An in-memory disk shared by every file of a store (see the module docs).
+#[derive(Debug, Default)]
+pub struct SimDisk {
+    state: Mutex<State>,
+}
+
+fn eio() -> std::io::Error {
+    std::io::Error::from_raw_os_error(libc::EIO)
+}
+
+impl SimDisk {
+    pub fn new() -> Arc<SimDisk> {
+        Arc::new(SimDisk::default())
+    }
+
+    fn st(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The `k`-th sync point from the disk's creation (1-based, counting file and
+    /// directory syncs) fails, and so does everything after it.
+    pub fn crash_at_sync(&self, k: u64) {
+        self.st().crash_at = Some(k);
+    }
+
+    /// Sync points so far.
+    pub fn sync_points(&self) -> u64 {
+        self.st().sync_points
+    }
+
+    pub fn crashed(&self) -> bool {
+        self.st().crashed
+    }
+
+    /// Stops the disk now, as a power loss would.
+    pub fn crash_now(&self) {
+        self.st().crashed = true;
+    }
+
+    /// The `n`-th future operation of kind `op` (1-based) fails with EIO; the disk
+    /// keeps working afterwards.
+    pub fn fail_nth(&self, op: SimOp, n: u64) {
+        let mut st = self.st();
+        let base = st.counts.get(&op).copied().unwrap_or(0);
+        st.fail.push((op, base + n));
+    }
+
+    /// Writes that would make the files' total size exceed `bytes` fail with ENOSPC.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.st().capacity = bytes;
+    }
+
+    /// (total, free) bytes as a file system would report them.
+    pub fn space(&self) -> Option<(u64, u64)> {
+        let st = self.st();
+        let cap = st.capacity?;
+        let used = st.used_bytes();
+        Some((cap, cap.saturating_sub(used)))
+    }
+
+    /// The disk after a power loss at this moment: durable names and bytes, with every
+    /// unsynced sector old or new and every unsynced length change done or not, as
+    /// `seed` picks.
+    pub fn crash_image(&self, seed: u64) -> Arc<SimDisk> {
+        let st = self.st();
+        let mut rng = SimRng::new(seed);
+        let mut out = State {
+            next_ino: st.next_ino,
+            ..State::default()
+        };
+        for (path, e) in &st.durable_names {
+            out.names.insert(path.clone(), *e);
+            out.durable_names.insert(path.clone(), *e);
+            if let Entry::File(ino) = e {
+                if out.nodes.contains_key(ino) {
+                    continue;
+                }
+                let n = &st.nodes[ino];
+                let mut img = n.durable.clone();
+                if n.data.len() != n.durable.len() && rng.chance(50) {
+                    img.resize(n.data.len(), 0);
+                }
+                for &s in &n.dirty {
+                    let from = (s * SECTOR) as usize;
+                    if from >= img.len() || !rng.chance(50) {
+                        continue;
+                    }
+                    let to = (from + SECTOR as usize).min(img.len());
+                    for (i, b) in img[from..to].iter_mut().enumerate() {
+                        *b = n.data.get(from + i).copied().unwrap_or(0);
+                    }
+                }
+                out.nodes.insert(
+                    *ino,
+                    Node {
+                        data: img.clone(),
+                        durable: img,
+                        dirty: BTreeSet::new(),
+                    },
+                );
+            }
+        }
+        out.capacity = st.capacity;
+        Arc::new(SimDisk {
+            state: Mutex::new(out),
+        })
+    }
+
+    /// Flips `n` random bits of the stored files whose path contains `within` (all
+    /// files when empty), in both the current and the durable bytes. Returns where.
+    pub fn flip_bits(&self, seed: u64, n: usize, within: &str) -> Vec<(PathBuf, u64)> {
+        let mut st = self.st();
+        let mut rng = SimRng::new(seed);
+        let files: Vec<(PathBuf, u64)> = st
+            .names
+            .iter()
+            .filter_map(|(p, e)| match e {
+                Entry::File(ino) if p.to_string_lossy().contains(within) => Some((p.clone(), *ino)),
+                _ => None,
+            })
+            .filter(|(_, ino)| st.nodes.get(ino).is_some_and(|n| !n.data.is_empty()))
+            .collect();
+        let mut done = Vec::new();
+        if files.is_empty() {
+            return done;
+        }
+        for _ in 0..n {
+            let (path, ino) = &files[rng.below(files.len() as u64) as usize];
+            let node = st.nodes.get_mut(ino).unwrap();
+            let at = rng.below(node.data.len() as u64) as usize;
+            let bit = 1u8 << rng.below(8);
+            node.data[at] ^= bit;
+            if at < node.durable.len() {
+                node.durable[at] ^= bit;
+            }
+            done.push((path.clone(), at as u64));
+        }
+        done
+    }
+
+    /// The current bytes of the file at `path` (for tests and inspection).
+    pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let st = self.st();
+        match st.names.get(path)? {
+            Entry::File(ino) => Some(st.nodes[ino].data.clone()),
+            Entry::Dir => None,
+        }
+    }
+
+    /// The durable bytes of the file at `path` (what a crash keeps for sure).
+    pub fn durable_contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let st = self.st();
+        match st.names.get(path)? {
+            Entry::File(ino) => Some(st.nodes[ino].durable.clone()),
+            Entry::Dir => None,
+        }
+    }
+
+    /// Every file path currently named.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.st()
+            .names
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::File(_)))
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+
+    // ---- operations used by `io` ----
+
+    /// Checks the crash state and the fault plan for one operation of kind `op`.
+    fn begin(st: &mut State, op: Option<SimOp>) -> std::io::Result<()> {
+        if st.crashed {
+            return Err(eio());
+        }
+        if let Some(op) = op {
+            let c = st.counts.entry(op).or_insert(0);
+            *c += 1;
+            let c = *c;
+            if let Some(i) = st.fail.iter().position(|&(o, n)| o == op && n == c) {
+                st.fail.swap_remove(i);
+                return Err(eio());
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a sync point; crashes the disk if it is the chosen one.
+    fn sync_point(st: &mut State) -> std::io::Result<()> {
+        st.sync_points += 1;
+        if st.crash_at == Some(st.sync_points) {
+            st.crashed = true;
+            return Err(eio());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, None)?;
+        for p in path.ancestors() {
+            if p.as_os_str().is_empty() {
+                break;
+            }
+            match st.names.get(p) {
+                Some(Entry::Dir) => {}
+                Some(Entry::File(_)) => {
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
+                }
+                None => {
+                    st.names.insert(p.to_path_buf(), Entry::Dir);
+                    st.durable_names.insert(p.to_path_buf(), Entry::Dir);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn parent_is_dir(st: &State, path: &Path) -> bool {
+        match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => matches!(st.names.get(p), Some(Entry::Dir)),
+            _ => true,
+        }
+    }
+
+    pub(crate) fn open(&self, path: &Path, create: bool) -> std::io::Result<u64> {
+        let mut st = self.st();
+        Self::begin(&mut st, None)?;
+        match st.names.get(path) {
+            Some(Entry::File(ino)) => Ok(*ino),
+            Some(Entry::Dir) => Err(std::io::Error::from_raw_os_error(libc::EISDIR)),
+            None if create => {
+                if !Self::parent_is_dir(&st, path) {
+                    return Err(std::io::ErrorKind::NotFound.into());
+                }
+                st.next_ino += 1;
+                let ino = st.next_ino;
+                st.nodes.insert(ino, Node::default());
+                st.names.insert(path.to_path_buf(), Entry::File(ino));
+                Ok(ino)
+            }
+            None => Err(std::io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    pub(crate) fn write(&self, ino: u64, pos: u64, data: &[u8]) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, Some(SimOp::Write))?;
+        let end = pos + data.len() as u64;
+        let old_len = st.nodes[&ino].data.len() as u64;
+        if let Some(cap) = st.capacity
+            && end > old_len
+            && st.used_bytes() + (end - old_len) > cap
+        {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let n = st.nodes.get_mut(&ino).unwrap();
+        if (n.data.len() as u64) < end {
+            n.data.resize(end as usize, 0);
+        }
+        n.data[pos as usize..end as usize].copy_from_slice(data);
+        if !data.is_empty() {
+            n.dirty.extend(pos / SECTOR..=(end - 1) / SECTOR);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(&self, ino: u64, pos: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let mut st = self.st();
+        Self::begin(&mut st, Some(SimOp::Read))?;
+        let d = &st.nodes[&ino].data;
+        let from = (pos as usize).min(d.len());
+        let to = (pos as usize).saturating_add(len).min(d.len());
+        Ok(d[from..to].to_vec())
+    }
+
+    pub(crate) fn truncate(&self, ino: u64, len: u64) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, Some(SimOp::Truncate))?;
+        let n = st.nodes.get_mut(&ino).unwrap();
+        let old = n.data.len() as u64;
+        if old == len {
+            return Ok(());
+        }
+        let (lo, hi) = (old.min(len), old.max(len));
+        n.data.resize(len as usize, 0);
+        n.dirty.extend(lo / SECTOR..hi.div_ceil(SECTOR));
+        Ok(())
+    }
+
+    pub(crate) fn sync(&self, ino: u64) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, Some(SimOp::Sync))?;
+        Self::sync_point(&mut st)?;
+        let n = st.nodes.get_mut(&ino).unwrap();
+        let dirty = std::mem::take(&mut n.dirty);
+        n.durable.resize(n.data.len(), 0);
+        for s in dirty {
+            let from = (s * SECTOR) as usize;
+            if from >= n.data.len() {
+                continue;
+            }
+            let to = (from + SECTOR as usize).min(n.data.len());
+            let (data, durable) = (&n.data, &mut n.durable);
+            durable[from..to].copy_from_slice(&data[from..to]);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn len(&self, ino: u64) -> std::io::Result<u64> {
+        let mut st = self.st();
+        Self::begin(&mut st, None)?;
+        Ok(st.nodes[&ino].data.len() as u64)
+    }
+
+    pub(crate) fn path_len(&self, path: &Path) -> std::io::Result<u64> {
+        let ino = self.open(path, false)?;
+        self.len(ino)
+    }
+
+    pub(crate) fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, Some(SimOp::Sync))?;
+        Self::sync_point(&mut st)?;
+        let in_dir = |p: &Path| p.parent() == Some(dir);
+        let now: Vec<(PathBuf, Entry)> = st
+            .names
+            .iter()
+            .filter(|(p, _)| in_dir(p))
+            .map(|(p, e)| (p.clone(), *e))
+            .collect();
+        st.durable_names
+            .retain(|p, e| !in_dir(p) || *e == Entry::Dir);
+        for (p, e) in now {
+            st.durable_names.insert(p, e);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, None)?;
+        match st.names.get(path) {
+            Some(Entry::File(_)) => {
+                st.names.remove(path);
+                Ok(())
+            }
+            Some(Entry::Dir) => Err(std::io::Error::from_raw_os_error(libc::EISDIR)),
+            None => Err(std::io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    /// Removes a directory tree; durable at once (like `create_dir_all`).
+    pub(crate) fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, None)?;
+        st.names.retain(|p, _| !p.starts_with(path));
+        st.durable_names.retain(|p, _| !p.starts_with(path));
+        Ok(())
+    }
+
+    pub(crate) fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        let mut st = self.st();
+        Self::begin(&mut st, None)?;
+        let e = st
+            .names
+            .remove(from)
+            .ok_or(std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        st.names.insert(to.to_path_buf(), e);
+        Ok(())
+    }
+
+    /// `(name, path, is_dir)` of a directory's entries, or `None` if it is missing.
+    pub(crate) fn list(&self, dir: &Path) -> std::io::Result<Option<Vec<(String, PathBuf, bool)>>> {
+        let mut st = self.st();
+        Self::begin(&mut st, None)?;
+        if !matches!(st.names.get(dir), Some(Entry::Dir)) {
+            return Ok(None);
+        }
+        Ok(Some(
+            st.names
+                .iter()
+                .filter(|(p, _)| p.parent() == Some(dir))
+                .map(|(p, e)| {
+                    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                    (name, p.clone(), *e == Entry::Dir)
+                })
+                .collect(),
+        ))
+    }
+
+    pub(crate) fn exists(&self, path: &Path) -> bool {
+        self.st().names.contains_key(path)
+    }
+
+    /// First offset at or after `from` in a sector ever written (`SEEK_DATA`).
+    pub(crate) fn next_data(&self, path: &Path, from: u64) -> std::io::Result<Option<u64>> {
+        let ino = self.open(path, false)?;
+        let st = self.st();
+        let d = &st.nodes[&ino].data;
+        let mut s = from / SECTOR * SECTOR;
+        while (s as usize) < d.len() {
+            let to = ((s + SECTOR) as usize).min(d.len());
+            if d[s as usize..to].iter().any(|b| *b != 0) {
+                return Ok(Some(s.max(from)));
+            }
+            s += SECTOR;
+        }
+        Ok(None)
+    }
+
+    pub(crate) fn try_lock(&self, path: &Path) -> bool {
+        self.st().locks.insert(path.to_path_buf())
+    }
+
+    pub(crate) fn unlock(&self, path: &Path) {
+        self.st().locks.remove(path);
+    }
+}
+
+impl State {
+    fn used_bytes(&self) -> u64 {
+        let live: HashSet<u64> = self
+            .names
+            .values()
+            .filter_map(|e| match e {
+                Entry::File(i) => Some(*i),
+                Entry::Dir => None,
+            })
+            .collect();
+        live.iter().map(|i| self.nodes[i].data.len() as u64).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsynced_data_and_names_can_vanish() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/r")).unwrap();
+        let a = d.open(Path::new("/r/a"), true).unwrap();
+        d.write(a, 0, &[1u8; 1024]).unwrap();
+        d.sync(a).unwrap();
+        // Name not synced: gone after any crash.
+        assert!(!d.crash_image(1).exists(Path::new("/r/a")));
+        d.sync_dir(Path::new("/r")).unwrap();
+        d.write(a, 0, &[2u8; 1024]).unwrap();
+        let mut saw = HashSet::new();
+        for seed in 0..64 {
+            let img = d.crash_image(seed);
+            let c = img.contents(Path::new("/r/a")).unwrap();
+            assert_eq!(c.len(), 1024);
+            // Each sector is wholly old or wholly new.
+            for s in c.chunks(512) {
+                assert!(s.iter().all(|b| *b == s[0]) && (s[0] == 1 || s[0] == 2));
+            }
+            saw.insert((c[0], c[600]));
+        }
+        assert_eq!(saw.len(), 4, "both sectors tear independently: {saw:?}");
+        d.sync(a).unwrap();
+        assert_eq!(
+            d.crash_image(7).contents(Path::new("/r/a")).unwrap(),
+            vec![2u8; 1024]
+        );
+    }
+
+    #[test]
+    fn crash_point_stops_everything_and_replays() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/r")).unwrap();
+        let a = d.open(Path::new("/r/a"), true).unwrap();
+        d.crash_at_sync(2);
+        d.sync_dir(Path::new("/r")).unwrap();
+        d.write(a, 0, b"x").unwrap();
+        assert!(d.sync(a).is_err());
+        assert!(d.crashed());
+        assert!(d.write(a, 0, b"y").is_err());
+        assert!(d.read(a, 0, 1).is_err());
+        let i1 = d.crash_image(3).contents(Path::new("/r/a"));
+        let i2 = d.crash_image(3).contents(Path::new("/r/a"));
+        assert_eq!(i1, i2);
+    }
+
+    #[test]
+    fn one_shot_faults_and_capacity() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/r")).unwrap();
+        let a = d.open(Path::new("/r/a"), true).unwrap();
+        d.fail_nth(SimOp::Sync, 2);
+        d.sync(a).unwrap();
+        assert_eq!(d.sync(a).unwrap_err().raw_os_error(), Some(libc::EIO));
+        d.sync(a).unwrap();
+        d.set_capacity(Some(4096));
+        d.write(a, 0, &[0u8; 4096]).unwrap();
+        let e = d.write(a, 4096, &[0u8; 1]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(d.space(), Some((4096, 0)));
+    }
+}
