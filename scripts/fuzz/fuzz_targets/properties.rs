@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(!name.is_empty() && !value.is_empty());
         assert!(!name.bytes().any(|b| b == 1 || b == 2));
         assert!(!value.bytes().any(|b| b == 2));
-        assert_eq!(properties::get(data, name).is_some(), true);
+        assert!(properties::get(data, name).is_some());
         if let Some(crc) = properties::parse_crc_digits(value) {
             let mut tail = [0u8; CRC32_RESERVED_LEN];
             properties::write_crc_property(&mut tail, crc);
