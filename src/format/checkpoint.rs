@@ -74,8 +74,9 @@ impl Checkpoint {
     }
 
     /// Decodes a checkpoint page. RocketMQ's timestamps are always read; coremq's
-    /// offsets come back only if its section is intact (`Ok(None)` when the section
-    /// is absent, as in a RocketMQ store).
+    /// offsets come back only if its section is intact (`Ok((_, false))` when the
+    /// section is absent, as in a RocketMQ store). A section with a good CRC but
+    /// another version is refused with `BadLength(version)`, as the manifest does.
     pub fn decode(b: &[u8]) -> Result<(Checkpoint, bool), Corruption> {
         let t = Corruption::Truncated;
         let mut cp = Checkpoint {
@@ -91,6 +92,11 @@ impl Checkpoint {
         let stored = be_i32(b, CRC_AT).ok_or(t)? as u32;
         if crc32fast::hash(&b[COREMQ_AT..CRC_AT]) != stored {
             return Err(Corruption::Checksum);
+        }
+        // A section of another version has another layout: never read it as ours.
+        let version = be_i32(b, COREMQ_AT + 4).ok_or(t)? as u32;
+        if version != COREMQ_VERSION {
+            return Err(Corruption::BadLength(version as i64));
         }
         cp.log_flushed_offset = be_i64(b, LOG_FLUSHED_AT).ok_or(t)? as u64;
         cp.dispatch_safe_offset = be_i64(b, DISPATCH_SAFE_AT).ok_or(t)? as u64;
@@ -125,5 +131,20 @@ mod tests {
             Ok((Checkpoint::default(), false))
         );
         assert_eq!(Checkpoint::decode(&plain[..10]), Err(Corruption::Truncated));
+    }
+
+    /// Found by the `checkpoint` fuzz target: a section with an intact CRC but an
+    /// unknown version was trusted and read with version 1's layout.
+    #[test]
+    fn unknown_version_is_refused() {
+        let mut b = Checkpoint {
+            log_flushed_offset: 4096,
+            ..Default::default()
+        }
+        .encode();
+        b[COREMQ_AT + 4..COREMQ_AT + 8].copy_from_slice(&2u32.to_be_bytes());
+        let crc = crc32fast::hash(&b[COREMQ_AT..CRC_AT]);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(Checkpoint::decode(&b), Err(Corruption::BadLength(2)));
     }
 }
