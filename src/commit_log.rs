@@ -364,13 +364,16 @@ impl CommitLog {
             // never reached the disk read as their old contents (zeros, or the page's
             // earlier version, which is zeros where the new records went), while later
             // sectors of the same round may have landed. So a bad record with a sector
-            // whose part in it is all zeros, with valid data after it ending within one write pool
+            // whose part in it is all zeros, with all data after it ending within one write pool
             // (the most a round leaves unsynced), is a torn tail: nothing after it
             // was acknowledged. The cut bytes are kept in lost+found/ all the same.
             // A fully written record that fails its checksum is damage: refused.
-            let end = last_nonzero.map_or(valid_at, |l| l + 1);
             let window = self.win_bytes * self.cfg.write_buffer_count as u64;
-            if end - bad_at <= window && self.has_zero_sector(bad_at, valid_at).await? {
+            let end = last_nonzero.map_or(valid_at, |l| l + 1).max(valid_at + 1);
+            if end - bad_at <= window
+                && !self.any_data_from(bad_at + window).await?
+                && self.has_zero_sector(bad_at, valid_at).await?
+            {
                 let kept = self.quarantine(bad_at, end).await?;
                 let zeroed = self.zero_range(bad_at, end).await?;
                 report.truncated = Some((bad_at, kind, zeroed));
@@ -413,6 +416,40 @@ impl CommitLog {
                 return Ok(true);
             }
             pos = end;
+        }
+        Ok(false)
+    }
+
+    /// Whether any non-zero byte of the log lies at or after `from` (holes skipped).
+    async fn any_data_from(&self, from: u64) -> Result<bool> {
+        let chunk = 1 << 20;
+        let starts: Vec<u64> = self
+            .segments
+            .borrow()
+            .keys()
+            .copied()
+            .filter(|s| s + self.seg_bytes > from)
+            .collect();
+        for seg in starts {
+            let mut pos = from.max(seg);
+            while pos < seg + self.seg_bytes {
+                match self
+                    .cfg
+                    .disk
+                    .next_data(&self.segment_path(seg), pos - seg)?
+                {
+                    None => break,
+                    Some(d) => pos = pos.max(seg + d),
+                }
+                if pos >= seg + self.seg_bytes {
+                    break;
+                }
+                let n = chunk.min((seg + self.seg_bytes - pos) as usize);
+                if self.read_files(pos, n).await?.iter().any(|b| *b != 0) {
+                    return Ok(true);
+                }
+                pos += n as u64;
+            }
         }
         Ok(false)
     }

@@ -543,6 +543,49 @@ fn flip_below_the_checkpointed_flushed_offset_is_refused() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A power loss tears the last unsynced writes: a sector in the middle of the last
+/// records never landed (zeros) while later sectors did. Nothing after the hole was
+/// acknowledged (an acknowledged record's fdatasync covered everything before it), so
+/// recovery cuts at the hole, keeps the cut bytes in `lost+found/`, and the records
+/// before the hole are intact. (Found by the simulated disk, tests/sim.rs.)
+#[test]
+fn torn_sector_before_valid_records_in_the_last_writes_is_cut_and_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("s");
+    let recs = populate(&root, messages(&QS, 60, |i| 700 + (i as usize * 37) % 500));
+    let sb = seg_bytes(&root);
+    let victim = recs[recs.len() - 6].clone();
+    // Zero the 512-byte sector after the one holding the victim's start.
+    let sector = (victim.log_off / 512 + 1) * 512;
+    assert!(sector + 512 < victim.end() + 512 && sector + 512 <= recs.last().unwrap().end());
+    write_log(&root, sb, sector, &[0u8; 512]);
+    invalidate_checkpoint(&root);
+    mark_unclean(&root);
+    let root2 = root.clone();
+    let kept = recs.clone();
+    run(move || async move {
+        let store = Store::open(cfg(&root2)).await.expect("a torn tail opens");
+        let (at, _) = store.report.truncated.expect("the torn tail is reported");
+        assert_eq!(at, victim.log_off, "cut where the damaged record starts");
+        let before: Vec<Rec> = kept
+            .iter()
+            .filter(|r| r.log_off < victim.log_off)
+            .cloned()
+            .collect();
+        check_intact(&store, &before, "records before the hole").await;
+        let lost = root2
+            .join("lost+found")
+            .join(format!("commitlog-{:020}", victim.log_off));
+        let saved = std::fs::read(&lost).expect("cut bytes kept in lost+found");
+        let last = kept.last().unwrap();
+        assert!(saved.len() as u64 >= last.end() - victim.log_off);
+        let r = store.put(message("RecA", 0, 999, 100)).await;
+        assert_eq!(r.status, PutStatus::PutOk);
+        assert_eq!(r.log_offset, victim.log_off, "puts continue at the cut");
+        store.shutdown().await.unwrap();
+    });
+}
+
 /// A lost write (a zeroed page) inside an older segment after a clean stop whose
 /// checkpoint is unusable (damaged, or a RocketMQ store root without coremq's
 /// section): later segments hold acknowledged records, so this is interior damage,
