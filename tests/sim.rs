@@ -260,6 +260,8 @@ fn crash_at_every_sync_point() {
             let reference = SimDisk::new();
             let (model, store) = workload(&reference, seed, per_producer).await;
             let store = store.expect("reference run opens");
+            // Acknowledged means durable; visible to `get` once dispatched.
+            store.wait_dispatched().await;
             verify(&store, &model, &format!("seed {seed} reference")).await;
             store.shutdown().await.expect("clean shutdown");
             let points = reference.sync_points();
