@@ -91,6 +91,19 @@ pub struct StoreConfig {
     pub query_max: usize,
     /// Where the files live: the real file system, or a simulated disk for tests.
     pub disk: crate::io::Disk,
+    /// Check free space before puts (the two watermarks below). Off only for tests of
+    /// what a real write error does.
+    pub disk_space_check: bool,
+    /// Refuse puts (`DiskFull`) once the file system holding the store is this full
+    /// (RocketMQ `diskSpaceWarningLevelRatio`, 0.90); they resume when it is not.
+    pub disk_full_ratio: f64,
+    /// Refuse puts that would leave less than this free, so the next segment, the
+    /// consume queues and the index always have room and a write never hits ENOSPC.
+    /// `None`: one segment plus the write pool.
+    pub disk_min_free_bytes: Option<u64>,
+    /// How often the free space is re-read while it is plentiful (between reads the
+    /// bytes written since are subtracted; near the limit it is read on every put).
+    pub disk_check_interval: Duration,
 }
 
 pub const PAGE: u64 = 4096;
@@ -128,6 +141,10 @@ impl StoreConfig {
             query_default_max: 32,
             query_max: 64,
             disk: crate::io::Disk::Real,
+            disk_space_check: true,
+            disk_full_ratio: 0.90,
+            disk_min_free_bytes: None,
+            disk_check_interval: Duration::from_secs(1),
         }
     }
 
@@ -157,8 +174,22 @@ impl StoreConfig {
         self.max_message_bytes + 64 * 1024 + crate::format::record::MAX_PROPERTIES_LEN
     }
 
+    /// Free bytes below which puts are refused (see `disk_min_free_bytes`).
+    pub fn disk_reserve_bytes(&self) -> u64 {
+        self.disk_min_free_bytes.unwrap_or(
+            self.commit_log_segment_bytes
+                + self.write_buffer_bytes as u64 * self.write_buffer_count as u64,
+        )
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(Error::Config(why));
+        if !(self.disk_full_ratio > 0.0 && self.disk_full_ratio <= 1.0) {
+            return bad(format!(
+                "disk_full_ratio {} must be in (0, 1]",
+                self.disk_full_ratio
+            ));
+        }
         let seg = self.commit_log_segment_bytes;
         let win = self.write_buffer_bytes as u64;
         if win == 0 || !win.is_multiple_of(PAGE) {

@@ -94,6 +94,9 @@ pub enum PutStatus {
     ServiceNotAvailable,
     /// A new CommitLog segment could not be created.
     CreateMappedFileFailed,
+    /// The file system holding the store is too full (`disk_full_ratio`,
+    /// `disk_min_free_bytes`); puts resume once space is freed. Nothing was stored.
+    DiskFull,
 }
 
 impl PutStatus {

@@ -64,6 +64,8 @@ struct Inner {
     failed: RefCell<Option<String>>,
     /// Serialises checkpoint rounds (background flusher and `Store::checkpoint`).
     round_lock: glommio::sync::Semaphore,
+    /// Free-space watermark state (see `Inner::disk_has_room`).
+    space: RefCell<SpaceCheck>,
     checkpoint: Rc<File>,
     tasks: RefCell<Vec<glommio::task::JoinHandle<()>>>,
     /// Released by `shutdown` even while clones of the handle live on.
@@ -195,6 +197,7 @@ impl Store {
             state: Cell::new(State::Running),
             failed: RefCell::new(None),
             round_lock: glommio::sync::Semaphore::new(1),
+            space: RefCell::new(SpaceCheck::default()),
             checkpoint,
             tasks: RefCell::new(Vec::new()),
             lock: RefCell::new(Some(lock)),
@@ -339,6 +342,9 @@ impl Store {
         }
         if inner.state.get() != State::Running || inner.failed.borrow().is_some() {
             return PutResult::refused(PutStatus::ServiceNotAvailable);
+        }
+        if inner.cfg.disk_space_check && !inner.disk_has_room(total) {
+            return PutResult::refused(PutStatus::DiskFull);
         }
         if let Err(e) = inner.log.reserve(total).await {
             tracing::debug!(error = %e, "put refused");
@@ -749,7 +755,74 @@ impl Store {
     }
 }
 
+/// The last reading of the file system's free space.
+#[derive(Default)]
+struct SpaceCheck {
+    at: Option<std::time::Instant>,
+    total: u64,
+    avail: u64,
+    /// Commit-log end when `avail` was read.
+    log_end: u64,
+    full: bool,
+}
+
 impl Inner {
+    /// Whether a put of `incoming` bytes leaves the file system within its watermarks
+    /// (RocketMQ refuses puts once the disk is over `diskSpaceWarningLevelRatio`).
+    /// Free space is re-read every `disk_check_interval`, and on every put once the
+    /// estimate (last reading minus the log bytes written since, doubled for queue
+    /// and index overhead) comes near the reserve.
+    fn disk_has_room(&self, incoming: u64) -> bool {
+        let reserve = self.cfg.disk_reserve_bytes();
+        let written = self.log.written();
+        let mut sc = self.space.borrow_mut();
+        let since = written.saturating_sub(sc.log_end).saturating_mul(2);
+        let estimate = sc.avail.saturating_sub(since);
+        let stale = sc
+            .at
+            .is_none_or(|t| t.elapsed() >= self.cfg.disk_check_interval);
+        if stale || sc.full || estimate < reserve + incoming * 2 {
+            match self.cfg.disk.space(&self.cfg.root) {
+                Ok(Some((total, avail))) => {
+                    sc.total = total;
+                    sc.avail = avail;
+                }
+                Ok(None) => {
+                    sc.total = 0;
+                    sc.avail = u64::MAX;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read free space; not refusing puts");
+                    sc.total = 0;
+                    sc.avail = u64::MAX;
+                }
+            }
+            sc.at = Some(std::time::Instant::now());
+            sc.log_end = written;
+            let used = sc.total.saturating_sub(sc.avail);
+            let ratio = if sc.total == 0 {
+                0.0
+            } else {
+                used as f64 / sc.total as f64
+            };
+            let full =
+                sc.avail < reserve.saturating_add(incoming) || ratio >= self.cfg.disk_full_ratio;
+            if full != sc.full {
+                if full {
+                    tracing::error!(
+                        root = %self.cfg.root.display(), avail = sc.avail, total = sc.total, reserve,
+                        ratio = self.cfg.disk_full_ratio, "disk full: refusing puts until space is freed"
+                    );
+                } else {
+                    tracing::warn!(root = %self.cfg.root.display(), avail = sc.avail, "disk has room again: taking puts");
+                }
+                sc.full = full;
+            }
+            return !full;
+        }
+        true
+    }
+
     fn check_message(&self, m: &Message) -> Option<PutStatus> {
         use IllegalReason::*;
         let illegal = |r| Some(PutStatus::MessageIllegal(r));

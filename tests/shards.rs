@@ -251,53 +251,20 @@ fn a_dead_shard_does_not_stop_the_others() {
     assert!(store.shutdown().is_err(), "shutdown reports the dead shard");
 }
 
-/// Unmounts on drop, so a failing test does not leave a loop mount behind.
-struct Mount(std::path::PathBuf);
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
-/// Mounts a tiny ext4 image at `at`; `None` when this machine cannot (not root).
-fn tiny_fs(image: &std::path::Path, at: &std::path::Path, mib: u64) -> Option<Mount> {
-    std::fs::create_dir_all(at).unwrap();
-    std::fs::File::create(image)
-        .unwrap()
-        .set_len(mib << 20)
-        .unwrap();
-    let ok =
-        |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
-    if !ok(std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-O", "^has_journal"])
-        .arg(image))
-    {
-        return None;
-    }
-    if !ok(std::process::Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(image)
-        .arg(at))
-    {
-        return None;
-    }
-    Some(Mount(at.to_path_buf()))
-}
-
 #[test]
 fn an_io_error_stops_only_that_shard() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     // Shard 1 lives on a 6 MiB filesystem: its writes fail with ENOSPC.
-    let Some(_mount) = tiny_fs(&dir.path().join("img"), &root.join("shard-1"), 6) else {
+    let Some(_mount) = common::tiny_fs(&dir.path().join("img"), &root.join("shard-1"), 6) else {
         eprintln!("SKIPPED: cannot mount a loop filesystem here (needs root)");
         return;
     };
     let mut cfg = config(&root, 2);
     cfg.store.flush_mode = coremq::FlushMode::Sync;
+    // Watermarks off: this test is about a real write error (tests/disk_full.rs checks
+    // that the watermarks refuse puts before one happens).
+    cfg.store.disk_space_check = false;
     let store = ShardedStore::open(cfg).unwrap();
     let h = store.handle();
     let q1 = (0..QUEUES).find(|q| h.shard_of("T", *q) == 1).unwrap();

@@ -54,3 +54,39 @@ pub async fn read_all(store: &Store, topic: &str, q: i32) -> Vec<StoredMessage> 
         }
     }
 }
+
+/// Unmounts on drop, so a failing test does not leave a loop mount behind.
+pub struct Mount(std::path::PathBuf);
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Mounts a tiny ext4 image at `at`; `None` when this machine cannot (not root).
+pub fn tiny_fs(image: &std::path::Path, at: &std::path::Path, mib: u64) -> Option<Mount> {
+    std::fs::create_dir_all(at).unwrap();
+    std::fs::File::create(image)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    let ok =
+        |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok(std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-O", "^has_journal"])
+        .arg(image))
+    {
+        return None;
+    }
+    if !ok(std::process::Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(image)
+        .arg(at))
+    {
+        return None;
+    }
+    Some(Mount(at.to_path_buf()))
+}
