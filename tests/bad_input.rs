@@ -637,21 +637,21 @@ fn bad_arguments_get_exact_statuses_and_the_store_keeps_serving() {
                     r.status
                 ));
             }
-            if let Some(next) = next {
-                if r.next_begin_offset != next {
-                    failures.push(format!(
-                        "get, {name}: next_begin_offset {} expected {next}",
-                        r.next_begin_offset
-                    ));
-                }
+            if let Some(next) = next
+                && r.next_begin_offset != next
+            {
+                failures.push(format!(
+                    "get, {name}: next_begin_offset {} expected {next}",
+                    r.next_begin_offset
+                ));
             }
-            if let Some(nrec) = nrec {
-                if r.records.len() != nrec {
-                    failures.push(format!(
-                        "get, {name}: {} records, expected {nrec}",
-                        r.records.len()
-                    ));
-                }
+            if let Some(nrec) = nrec
+                && r.records.len() != nrec
+            {
+                failures.push(format!(
+                    "get, {name}: {} records, expected {nrec}",
+                    r.records.len()
+                ));
             }
             for raw in &r.records {
                 if let Err(e) = StoredMessage::decode(raw) {

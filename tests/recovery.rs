@@ -197,10 +197,10 @@ fn torn_tail_case(
             let mut errs = Vec::new();
             match rep.truncated {
                 Some((at, n)) if at == cut => {
-                    if let Some(exp) = expect_erased {
-                        if n != exp {
-                            errs.push(format!("{name}: truncated {n} bytes, expected {exp}"));
-                        }
+                    if let Some(exp) = expect_erased
+                        && n != exp
+                    {
+                        errs.push(format!("{name}: truncated {n} bytes, expected {exp}"));
                     }
                     if bytes_at(&root, at, n).iter().any(|b| *b != 0) {
                         errs.push(format!("{name}: the {n} bytes cut at {at} are not zero on disk"));
@@ -744,7 +744,9 @@ fn expect_rebuilt(root: &Path, recs: &[Rec], expected: Vec<(String, i32, u64, u6
     });
 }
 
-fn rebuild_fixture(root: &Path) -> (Vec<Rec>, Vec<(String, i32, u64, u64)>) {
+type QueueState = Vec<(String, i32, u64, u64)>;
+
+fn rebuild_fixture(root: &Path) -> (Vec<Rec>, QueueState) {
     let mut qs = QS.to_vec();
     qs.push(("%RETRY%group", 2));
     // RecA/0 gets 1200 entries: two ConsumeQueue files.

@@ -133,12 +133,13 @@ async fn workload(disk: &Arc<SimDisk>, seed: u64, per_producer: usize) -> (Model
                 if r.status != PutStatus::PutOk {
                     break;
                 }
-                let mut m = model.borrow_mut();
-                let acked = m.acked.entry(p).or_default();
-                for (k, id) in r.msg_ids.iter().enumerate() {
-                    acked.push((r.queue_offset + k as u64, id.to_string()));
+                {
+                    let mut m = model.borrow_mut();
+                    let acked = m.acked.entry(p).or_default();
+                    for (k, id) in r.msg_ids.iter().enumerate() {
+                        acked.push((r.queue_offset + k as u64, id.to_string()));
+                    }
                 }
-                drop(m);
                 i += n;
                 if p == 0 && rng.below(4) == 0 && store.checkpoint().await.is_err() {
                     break;
