@@ -927,3 +927,113 @@ fn look_by_msg_id_rejects_signs_and_huge_offsets() {
     ]);
     assert!(f.is_empty(), "{}", f.join("\n"));
 }
+
+/// The query calls the first table does not cover — queue offsets, offset by time,
+/// earliest time, key queries, flush/checkpoint after shutdown — with every kind of
+/// bad argument: each gets its exact answer or error, and the store keeps serving.
+#[test]
+fn query_calls_with_bad_arguments_get_exact_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    run(move || async move {
+        let store = Store::open(cfg(&root)).await.unwrap();
+        let mut kept = Vec::new();
+        let mut n = 0;
+        for _ in 0..3 {
+            still_serves(&store, &mut kept, &mut n).await.unwrap();
+        }
+        let (topic, q) = ("Good", 0);
+        let mut failures: Vec<String> = Vec::new();
+        let mut expect = |name: &str, ok: bool, got: String| {
+            if !ok {
+                failures.push(format!("{name}: got {got}"));
+            }
+        };
+        let max = store.max_queue_offset(topic, q);
+        for (t, qid) in [
+            ("", 0),
+            ("NoSuchTopic", 0),
+            (topic, -1),
+            (topic, i32::MAX),
+            (topic, i32::MIN),
+        ] {
+            let name = format!("offsets of {t:?}/{qid}");
+            let (lo, hi) = (
+                store.min_queue_offset(t, qid),
+                store.max_queue_offset(t, qid),
+            );
+            expect(&name, (lo, hi) == (0, 0), format!("{lo}, {hi}"));
+            let by_time = catch(store.queue_offset_by_time(t, qid, 0)).await;
+            expect(
+                &format!("{name} by time"),
+                matches!(by_time, Ok(Ok(0))),
+                format!("{by_time:?}"),
+            );
+            let early = catch(store.earliest_message_time(t, qid)).await;
+            expect(
+                &format!("{name} earliest"),
+                matches!(early, Ok(Ok(-1))),
+                format!("{early:?}"),
+            );
+        }
+        // Times before the first and after the last message, and the extremes.
+        for (ts, want) in [(i64::MIN, 0), (-1, 0), (0, 0), (i64::MAX, max)] {
+            let r = catch(store.queue_offset_by_time(topic, q, ts)).await;
+            expect(
+                &format!("offset by time {ts}"),
+                matches!(r, Ok(Ok(x)) if x == want),
+                format!("{r:?}, want {want}"),
+            );
+        }
+        let long_key = "k".repeat(coremq::index::MAX_KEY_LEN + 1);
+        for (name, t, k, begin, end) in [
+            ("empty topic", "", "k", 0, i64::MAX),
+            ("empty key", topic, "", 0, i64::MAX),
+            ("begin after end", topic, "k", 10, 5),
+            (
+                "key longer than any record can carry",
+                topic,
+                long_key.as_str(),
+                0,
+                i64::MAX,
+            ),
+        ] {
+            let r = catch(store.query_by_key(t, k, 10, begin, end)).await;
+            expect(
+                &format!("query_by_key {name}"),
+                matches!(r, Ok(Err(coremq::Error::BadRequest(_)))),
+                format!("{r:?}"),
+            );
+        }
+        for (name, t, k, max_hits) in [
+            ("max 0", topic, "key-0", 0),
+            ("unknown key", topic, "no-such-key", 10),
+            ("unknown topic", "NoSuchTopic", "key-0", 10),
+        ] {
+            let r = catch(store.query_by_key(t, k, max_hits, 0, i64::MAX)).await;
+            expect(
+                &format!("query_by_key {name}"),
+                matches!(&r, Ok(Ok(v)) if v.is_empty()),
+                format!("{r:?}"),
+            );
+        }
+        drop(expect);
+        if let Err(e) = still_serves(&store, &mut kept, &mut n).await {
+            failures.push(format!("after the table: {e}"));
+        }
+        if let Err(e) = check_kept(&store, &kept).await {
+            failures.push(format!("after the table: {e}"));
+        }
+        // After shutdown, a clone refuses writes and flushes with clear answers.
+        let clone = store.clone();
+        store.shutdown().await.unwrap();
+        let r = clone.put(good(999)).await;
+        if r.status != ServiceNotAvailable {
+            failures.push(format!("put after shutdown: {:?}", r.status));
+        }
+        if !matches!(clone.checkpoint().await, Err(coremq::Error::ShutDown)) {
+            failures.push("checkpoint after shutdown is not ShutDown".into());
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    });
+}
