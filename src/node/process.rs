@@ -85,6 +85,7 @@ pub(crate) fn process(
 ) -> Outcome {
     st.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let oneway = req.is_oneway();
+    tracing::trace!(code = req.code, opaque = req.opaque, fields = ?req.ext_fields, body = req.body.len(), "request");
     let r = match req.code {
         SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => send(st, &req, peer),
         PULL_MESSAGE | LITE_PULL_MESSAGE => return pull_request(st, req),
@@ -382,8 +383,10 @@ fn send(
         prepared_transaction_offset: 0,
     };
     let shard = st.handle.shard_of(&topic, queue_id);
-    // Some clients send batches as SEND_MESSAGE(_V2) with `batch = true`.
-    let batch = req.code == SEND_BATCH_MESSAGE || h.field("batch") == Some("true");
+    // The C++ client sends batches as SEND_MESSAGE with `batch = 1`.
+    let batch = req.code == SEND_BATCH_MESSAGE
+        || h.field("batch")
+            .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
     let (result, ids, bytes, n) = if batch {
         let msgs: Vec<Message> = decode_batch(&h.body)?
             .into_iter()
