@@ -378,6 +378,7 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
             Err(ReadError::Frame(e)) => {
                 st.metrics.bad_frames.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%peer, conn = id, error = %e, "malformed frame; closing the connection");
+                let _ = lock(&writer).shutdown(Shutdown::Both);
                 break;
             }
         };
@@ -403,7 +404,8 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
             }
         }
     }
-    let _ = lock(&writer).shutdown(Shutdown::Both);
+    // The socket closes when the last clone goes: held pulls of this connection still
+    // answer (at shutdown the read side is closed first, then the holds reply).
 }
 
 /// Writes consumer offsets and expires silent clients, until shutdown.

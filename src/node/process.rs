@@ -605,6 +605,19 @@ pub(crate) fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> 
 pub(crate) fn serve_hold(st: &NodeState, hold: Hold) -> RemotingCommand {
     let a = &hold.pull;
     let mut seen = hold.seen;
+    let shard = st.handle.shard_of(&a.topic, a.queue_id);
+    let wait_dispatched =
+        || {
+            let _ = block_on(st.handle.run_on(shard, |ctx| async move {
+                ctx.store.wait_dispatched().await
+            }));
+        };
+    // A message put just before this pull may not have been dispatched yet.
+    wait_dispatched();
+    let resp = pull_once(st, &hold.req, a);
+    if resp.code != PULL_NOT_FOUND {
+        return resp;
+    }
     loop {
         let now = Instant::now();
         let left = hold.deadline.saturating_duration_since(now);
@@ -621,10 +634,7 @@ pub(crate) fn serve_hold(st: &NodeState, hold: Hold) -> RemotingCommand {
         if moved {
             seen = st.arrivals.seq(&a.topic, a.queue_id);
             // A put returns before dispatch makes the record visible to pulls.
-            let shard = st.handle.shard_of(&a.topic, a.queue_id);
-            let _ = block_on(st.handle.run_on(shard, |ctx| async move {
-                ctx.store.wait_dispatched().await
-            }));
+            wait_dispatched();
         }
         let resp = pull_once(st, &hold.req, a);
         if resp.code != PULL_NOT_FOUND || done {

@@ -1,0 +1,632 @@
+//! `coremq serve` over the wire: a node on ephemeral loopback ports, driven by a
+//! small blocking RocketMQ remoting client written here.
+
+use bytes::Bytes;
+use coremq::node::{Node, NodeConfig};
+use coremq::remoting::codes::*;
+use coremq::remoting::{RemotingCommand, SerializeType, decode_payload};
+use coremq::{ShardedConfig, StoreConfig, StoredMessage};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn start(dir: &Path) -> Node {
+    let cfg = NodeConfig {
+        data_dir: dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        namesrv_listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        shards: 2,
+        pin: false,
+        max_frame_bytes: 1 << 20,
+        offset_flush_interval_ms: 100,
+        ..NodeConfig::default()
+    };
+    let mut store = ShardedConfig::new(dir);
+    store.shards = 2;
+    store.pin = false;
+    store.io_memory_bytes = 8 << 20;
+    store.store = StoreConfig::small_for_tests(dir);
+    Node::start_with_store(cfg, store).expect("node starts")
+}
+
+struct Client {
+    s: TcpStream,
+    opaque: i32,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Client { s, opaque: 0 }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    fn read_response(&mut self) -> std::io::Result<RemotingCommand> {
+        let mut len = [0u8; 4];
+        self.s.read_exact(&mut len)?;
+        let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
+        self.s.read_exact(&mut payload)?;
+        Ok(decode_payload(payload.into()).expect("the node sends well-formed frames"))
+    }
+
+    fn request(
+        &mut self,
+        code: i32,
+        fields: &[(&str, &str)],
+        body: &[u8],
+        kind: SerializeType,
+    ) -> RemotingCommand {
+        self.opaque += 1;
+        let mut c = RemotingCommand::request(
+            code,
+            self.opaque,
+            fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        c.serialize_type = kind;
+        c.body = Bytes::copy_from_slice(body);
+        self.send_raw(&c.encode());
+        let r = self.read_response().expect("a response");
+        assert!(r.is_response());
+        assert_eq!(r.opaque, self.opaque);
+        assert_eq!(r.serialize_type, kind);
+        r
+    }
+
+    fn call(&mut self, code: i32, fields: &[(&str, &str)], body: &[u8]) -> RemotingCommand {
+        self.request(code, fields, body, SerializeType::Json)
+    }
+
+    /// Whether the node closed this connection (EOF or reset within a few seconds).
+    fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+fn send(
+    c: &mut Client,
+    topic: &str,
+    q: i32,
+    body: &str,
+    tags: &str,
+    keys: &str,
+) -> RemotingCommand {
+    let props = format!("TAGS\u{1}{tags}\u{2}KEYS\u{1}{keys}\u{2}");
+    let q = q.to_string();
+    let r = c.call(
+        SEND_MESSAGE,
+        &[
+            ("producerGroup", "pg"),
+            ("topic", topic),
+            ("defaultTopic", "TBW102"),
+            ("defaultTopicQueueNums", "4"),
+            ("queueId", &q),
+            ("sysFlag", "0"),
+            ("bornTimestamp", "1700000000000"),
+            ("flag", "0"),
+            ("properties", &props),
+            ("reconsumeTimes", "0"),
+        ],
+        body.as_bytes(),
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    r
+}
+
+/// Splits a pull or query body into decoded records.
+fn records(body: &[u8]) -> Vec<StoredMessage> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        let size = u32::from_be_bytes(body[at..at + 4].try_into().unwrap()) as usize;
+        let raw = Bytes::copy_from_slice(&body[at..at + size]);
+        out.push(StoredMessage::decode(&raw).expect("a valid record"));
+        at += size;
+    }
+    out
+}
+
+fn pull(c: &mut Client, topic: &str, q: i32, offset: u64, suspend_ms: u64) -> RemotingCommand {
+    let (q, offset, suspend) = (q.to_string(), offset.to_string(), suspend_ms.to_string());
+    let sys_flag = if suspend_ms > 0 { "2" } else { "0" };
+    c.call(
+        PULL_MESSAGE,
+        &[
+            ("consumerGroup", "cg"),
+            ("topic", topic),
+            ("queueId", &q),
+            ("queueOffset", &offset),
+            ("maxMsgNums", "32"),
+            ("sysFlag", sys_flag),
+            ("commitOffset", "0"),
+            ("suspendTimeoutMillis", &suspend),
+            ("subscription", "*"),
+            ("subVersion", "0"),
+        ],
+        b"",
+    )
+}
+
+fn bodies(r: &RemotingCommand) -> Vec<String> {
+    records(&r.body)
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect()
+}
+
+/// RocketMQ's batch body encoding (`MessageDecoder.encodeMessages`).
+fn batch_body(msgs: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (body, props) in msgs {
+        let size = 4 + 4 + 4 + 4 + 4 + body.len() + 2 + props.len();
+        out.extend_from_slice(&(size as i32).to_be_bytes());
+        out.extend_from_slice(&0i32.to_be_bytes()); // magic
+        out.extend_from_slice(&0i32.to_be_bytes()); // body crc
+        out.extend_from_slice(&0i32.to_be_bytes()); // flag
+        out.extend_from_slice(&(body.len() as i32).to_be_bytes());
+        out.extend_from_slice(body.as_bytes());
+        out.extend_from_slice(&(props.len() as i16).to_be_bytes());
+        out.extend_from_slice(props.as_bytes());
+    }
+    out
+}
+
+#[test]
+fn route_send_pull_offsets_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path());
+    let broker = node.broker_addr;
+    let mut ns = Client::connect(node.namesrv_addr.unwrap());
+    let mut c = Client::connect(broker);
+
+    // Route lookup on the name-server port: this node, read/write, default queues.
+    let r = ns.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", "Orders")], b"");
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let route: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        route["brokerDatas"][0]["brokerAddrs"]["0"],
+        broker.to_string()
+    );
+    assert_eq!(route["queueDatas"][0]["perm"], 6);
+    assert_eq!(route["queueDatas"][0]["writeQueueNums"], 4);
+    let r = ns.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", "bad topic!")], b"");
+    assert_eq!(r.code, TOPIC_NOT_EXIST);
+    let r = ns.call(GET_BROKER_CLUSTER_INFO, &[], b"");
+    let info: Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(info["clusterAddrTable"]["DefaultCluster"].is_array());
+
+    // Sends: classic header, V2 short names, a batch.
+    let first = send(&mut c, "Orders", 1, "m0", "TagA", "k0 shared");
+    assert_eq!(first.field("queueOffset"), Some("0"));
+    assert_eq!(first.field("queueId"), Some("1"));
+    let id0 = first.field("msgId").unwrap().to_string();
+    assert_eq!(id0.len(), 32);
+    let r = c.call(
+        SEND_MESSAGE_V2,
+        &[
+            ("a", "pg"),
+            ("b", "Orders"),
+            ("c", "TBW102"),
+            ("d", "4"),
+            ("e", "1"),
+            ("f", "0"),
+            ("g", "1700000000001"),
+            ("h", "0"),
+            ("i", "TAGS\u{1}TagB\u{2}KEYS\u{1}k1\u{2}"),
+            ("j", "0"),
+        ],
+        b"m1",
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert_eq!(r.field("queueOffset"), Some("1"));
+    let batch = batch_body(&[("m2", "KEYS\u{1}k2\u{2}"), ("m3", "KEYS\u{1}shared\u{2}")]);
+    let r = c.call(
+        SEND_BATCH_MESSAGE,
+        &[("b", "Orders"), ("a", "pg"), ("e", "1"), ("m", "true")],
+        &batch,
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert_eq!(r.field("queueOffset"), Some("2"));
+    assert_eq!(r.field("msgId").unwrap().split(',').count(), 2);
+    // Refusals: queue out of range, missing field, empty topic, bad batch.
+    let r = c.call(
+        SEND_MESSAGE,
+        &[("topic", "Orders"), ("queueId", "99")],
+        b"x",
+    );
+    assert_eq!(r.code, SYSTEM_ERROR);
+    let r = c.call(SEND_MESSAGE, &[("topic", "Orders")], b"x");
+    assert_eq!(r.code, SYSTEM_ERROR);
+    assert!(r.remark.unwrap().contains("queueId"));
+    let r = c.call(SEND_MESSAGE, &[("topic", ""), ("queueId", "0")], b"x");
+    assert_eq!(r.code, MESSAGE_ILLEGAL);
+    let r = c.call(
+        SEND_BATCH_MESSAGE,
+        &[("topic", "Orders"), ("queueId", "1")],
+        b"\x00\x00\x00\x05junk",
+    );
+    assert_eq!(r.code, MESSAGE_ILLEGAL);
+
+    // Pull everything (long polling waits for dispatch if needed).
+    let r = pull(&mut c, "Orders", 1, 0, 2000);
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert_eq!(bodies(&r), ["m0", "m1", "m2", "m3"]);
+    assert_eq!(r.field("nextBeginOffset"), Some("4"));
+    assert_eq!(r.field("maxOffset"), Some("4"));
+    let recs = records(&r.body);
+    assert_eq!(recs[0].msg_id.unwrap().to_string(), id0);
+    assert_eq!(recs[1].property("TAGS"), Some("TagB"));
+    // Tag filter.
+    let r = c.call(
+        PULL_MESSAGE,
+        &[
+            ("consumerGroup", "cg"),
+            ("topic", "Orders"),
+            ("queueId", "1"),
+            ("queueOffset", "0"),
+            ("maxMsgNums", "32"),
+            ("sysFlag", "0"),
+            ("subscription", "TagB || TagC"),
+        ],
+        b"",
+    );
+    assert_eq!(bodies(&r), ["m1"]);
+    // Past the end: not found; far past: offset moved.
+    assert_eq!(pull(&mut c, "Orders", 1, 4, 0).code, PULL_NOT_FOUND);
+    assert_eq!(pull(&mut c, "Orders", 1, 100, 0).code, PULL_OFFSET_MOVED);
+    // Lite pull uses the same header.
+    let r = c.call(
+        LITE_PULL_MESSAGE,
+        &[
+            ("topic", "Orders"),
+            ("queueId", "1"),
+            ("queueOffset", "3"),
+            ("maxMsgNums", "8"),
+        ],
+        b"",
+    );
+    assert_eq!(bodies(&r), ["m3"]);
+
+    // Queue offsets and times.
+    let q = [("topic", "Orders"), ("queueId", "1")];
+    assert_eq!(c.call(GET_MAX_OFFSET, &q, b"").field("offset"), Some("4"));
+    assert_eq!(c.call(GET_MIN_OFFSET, &q, b"").field("offset"), Some("0"));
+    let t: i64 = c
+        .call(GET_EARLIEST_MSG_STORETIME, &q, b"")
+        .field("timestamp")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(t > 0);
+    let r = c.call(
+        SEARCH_OFFSET_BY_TIMESTAMP,
+        &[("topic", "Orders"), ("queueId", "1"), ("timestamp", "0")],
+        b"",
+    );
+    assert_eq!(r.field("offset"), Some("0"));
+
+    // Consumer offsets.
+    let g = [
+        ("consumerGroup", "cg"),
+        ("topic", "Orders"),
+        ("queueId", "1"),
+    ];
+    assert_eq!(
+        c.call(QUERY_CONSUMER_OFFSET, &g, b"").field("offset"),
+        Some("0")
+    );
+    let r = c.call(
+        UPDATE_CONSUMER_OFFSET,
+        &[g[0], g[1], g[2], ("commitOffset", "3")],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS);
+    assert_eq!(
+        c.call(QUERY_CONSUMER_OFFSET, &g, b"").field("offset"),
+        Some("3")
+    );
+
+    // Query by key (two messages share one) and view by id.
+    let r = c.call(
+        QUERY_MESSAGE,
+        &[
+            ("topic", "Orders"),
+            ("key", "shared"),
+            ("maxNum", "32"),
+            ("beginTimestamp", "0"),
+            ("endTimestamp", &i64::MAX.to_string()),
+        ],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let mut found = bodies(&r);
+    found.sort();
+    assert_eq!(found, ["m0", "m3"]);
+    let r = c.call(
+        QUERY_MESSAGE,
+        &[("topic", "Orders"), ("key", "nope"), ("maxNum", "32")],
+        b"",
+    );
+    assert_eq!(r.code, QUERY_NOT_FOUND);
+    let offset = i64::from_str_radix(&id0[16..], 16).unwrap().to_string();
+    let r = c.call(VIEW_MESSAGE_BY_ID, &[("offset", &offset)], b"");
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert_eq!(bodies(&r), ["m0"]);
+    let r = c.call(VIEW_MESSAGE_BY_ID, &[("offset", "12345")], b"");
+    assert_eq!(r.code, SYSTEM_ERROR);
+    let r = c.call(
+        VIEW_MESSAGE_BY_ID,
+        &[("offset", &i64::MAX.to_string())],
+        b"",
+    );
+    assert_eq!(r.code, SYSTEM_ERROR);
+
+    // Heartbeat, consumer list, unregister.
+    let hb = br#"{"clientID":"10.0.0.1@1","producerDataSet":[{"groupName":"pg"}],
+        "consumerDataSet":[{"groupName":"cg","consumeType":"CONSUME_PASSIVELY",
+        "messageModel":"CLUSTERING","subscriptionDataSet":[]}]}"#;
+    assert_eq!(c.call(HEART_BEAT, &[], hb).code, SUCCESS);
+    let r = c.call(GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "cg")], b"");
+    let list: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(list["consumerIdList"][0], "10.0.0.1@1");
+    let r = c.call(
+        UNREGISTER_CLIENT,
+        &[("clientID", "10.0.0.1@1"), ("consumerGroup", "cg")],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS);
+    let r = c.call(GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "cg")], b"");
+    assert_eq!(r.code, SYSTEM_ERROR);
+    assert_eq!(c.call(HEART_BEAT, &[], b"not json").code, SYSTEM_ERROR);
+
+    // Topic creation sets the queue count seen by routes and sends.
+    let r = c.call(
+        UPDATE_AND_CREATE_TOPIC,
+        &[
+            ("topic", "Wide"),
+            ("readQueueNums", "16"),
+            ("writeQueueNums", "16"),
+            ("perm", "6"),
+        ],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS);
+    let r = ns.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", "Wide")], b"");
+    let route: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(route["queueDatas"][0]["readQueueNums"], 16);
+    send(&mut c, "Wide", 15, "w", "t", "k");
+
+    // Binary (ROCKETMQ) headers get binary responses.
+    let r = c.request(
+        GET_MAX_OFFSET,
+        &[("topic", "Orders"), ("queueId", "1")],
+        b"",
+        SerializeType::RocketMq,
+    );
+    assert_eq!(r.field("offset"), Some("4"));
+
+    // Unknown code: an error response, and the connection goes on.
+    let r = c.call(9999, &[], b"");
+    assert_eq!(r.code, REQUEST_CODE_NOT_SUPPORTED);
+    assert!(r.remark.unwrap().contains("9999"));
+    assert_eq!(c.call(GET_MAX_OFFSET, &q, b"").code, SUCCESS);
+
+    // One-way requests get no response: the next response is for the next request.
+    let mut oneway = RemotingCommand::request(
+        UPDATE_CONSUMER_OFFSET,
+        777,
+        vec![
+            ("consumerGroup".into(), "cg".into()),
+            ("topic".into(), "Orders".into()),
+            ("queueId".into(), "1".into()),
+            ("commitOffset".into(), "4".into()),
+        ],
+    );
+    oneway.flag = 2;
+    c.send_raw(&oneway.encode());
+    assert_eq!(
+        c.call(QUERY_CONSUMER_OFFSET, &g, b"").field("offset"),
+        Some("4")
+    );
+
+    // Metrics over HTTP.
+    let mut m = TcpStream::connect(node.metrics_addr.unwrap()).unwrap();
+    m.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    m.read_to_string(&mut text).unwrap();
+    assert!(text.contains("coremq_puts_total{shard="), "{text}");
+
+    // Restart: messages, topics and consumer offsets survive a clean shutdown.
+    drop((c, ns));
+    node.shutdown().unwrap();
+    assert!(!dir.path().join("shard-0/abort").exists());
+    let saved = std::fs::read_to_string(dir.path().join("config/consumerOffset.json")).unwrap();
+    assert!(saved.contains("Orders@cg"), "{saved}");
+    let node = start(dir.path());
+    let mut c = Client::connect(node.broker_addr);
+    assert_eq!(
+        c.call(QUERY_CONSUMER_OFFSET, &g, b"").field("offset"),
+        Some("4")
+    );
+    assert_eq!(
+        bodies(&pull(&mut c, "Orders", 1, 0, 1000)),
+        ["m0", "m1", "m2", "m3"]
+    );
+    let r = ns_route_queues(&node, "Wide");
+    assert_eq!(r, 16);
+    node.shutdown().unwrap();
+}
+
+fn ns_route_queues(node: &Node, topic: &str) -> i64 {
+    let mut ns = Client::connect(node.namesrv_addr.unwrap());
+    let r = ns.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", topic)], b"");
+    let route: Value = serde_json::from_slice(&r.body).unwrap();
+    route["queueDatas"][0]["readQueueNums"].as_i64().unwrap()
+}
+
+#[test]
+fn long_poll_wakes_on_arrival_and_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path());
+    let addr = node.broker_addr;
+    // Nothing arrives: the pull is held for its timeout, then answered "not found".
+    let mut c = Client::connect(addr);
+    let t0 = Instant::now();
+    let r = pull(&mut c, "Waits", 2, 0, 400);
+    assert_eq!(r.code, PULL_NOT_FOUND);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(350),
+        "{:?}",
+        t0.elapsed()
+    );
+
+    // A message sent while a pull is held wakes it long before its timeout.
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut p = Client::connect(addr);
+        send(&mut p, "Waits", 2, "late", "t", "k");
+    });
+    let t0 = Instant::now();
+    let r = pull(&mut c, "Waits", 2, 0, 15_000);
+    let waited = t0.elapsed();
+    sender.join().unwrap();
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert_eq!(bodies(&r), ["late"]);
+    assert!(waited < Duration::from_secs(5), "woke after {waited:?}");
+
+    // A held pull does not block other requests on the same connection: send a
+    // held pull, then a request, and read both responses (the second first).
+    let mut held = RemotingCommand::request(
+        PULL_MESSAGE,
+        100,
+        [
+            ("topic", "Waits"),
+            ("queueId", "3"),
+            ("queueOffset", "0"),
+            ("sysFlag", "2"),
+            ("suspendTimeoutMillis", "1500"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    held.serialize_type = SerializeType::Json;
+    c.send_raw(&held.encode());
+    let quick = RemotingCommand::request(
+        GET_MAX_OFFSET,
+        101,
+        vec![
+            ("topic".into(), "Waits".into()),
+            ("queueId".into(), "2".into()),
+        ],
+    );
+    c.send_raw(&quick.encode());
+    let first = c.read_response().unwrap();
+    assert_eq!(first.opaque, 101);
+    assert_eq!(first.field("offset"), Some("1"));
+    let second = c.read_response().unwrap();
+    assert_eq!(second.opaque, 100);
+    assert_eq!(second.code, PULL_NOT_FOUND);
+
+    // Shutdown answers a held pull rather than waiting for its timeout.
+    let mut h = Client::connect(addr);
+    let waiter = std::thread::spawn(move || pull(&mut h, "Waits", 1, 0, 60_000).code);
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    node.shutdown().unwrap();
+    assert_eq!(waiter.join().unwrap(), PULL_NOT_FOUND);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+fn frame(word: u32, header: &[u8]) -> Vec<u8> {
+    let mut w = ((4 + header.len()) as u32).to_be_bytes().to_vec();
+    w.extend_from_slice(&word.to_be_bytes());
+    w.extend_from_slice(header);
+    w
+}
+
+#[test]
+fn bad_input_closes_only_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path());
+    let addr = node.broker_addr;
+    let mut good = Client::connect(addr);
+    assert_eq!(
+        good.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", "T")], b"")
+            .code,
+        SUCCESS
+    );
+
+    let bad_inputs: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("huge length", 0x7FFF_0000u32.to_be_bytes().to_vec()),
+        ("over the frame limit", (2u32 << 20).to_be_bytes().to_vec()),
+        ("negative length", (-1i32).to_be_bytes().to_vec()),
+        ("zero length", 0u32.to_be_bytes().to_vec()),
+        ("header longer than frame", frame(1000, b"{}")),
+        ("unknown serialize type", frame((9 << 24) | 2, b"{}")),
+        ("json without code", frame(2, b"{}")),
+        ("json not an object", frame(4, b"[1,2")),
+        (
+            "binary header cut short",
+            frame((1 << 24) | 3, b"\x00\x01\x00"),
+        ),
+        (
+            "binary ext length past the end",
+            frame(
+                (1 << 24) | 21,
+                &[
+                    0, 30, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 0, 0, 0,
+                ],
+            ),
+        ),
+    ];
+    for (name, bytes) in &bad_inputs {
+        let mut c = Client::connect(addr);
+        c.send_raw(bytes);
+        assert!(c.is_closed(), "{name}: the connection should be closed");
+    }
+    // A truncated frame followed by a close, and one left hanging.
+    let mut t = Client::connect(addr);
+    t.send_raw(&100u32.to_be_bytes());
+    t.send_raw(b"partial");
+    drop(t);
+    let mut hanging = Client::connect(addr);
+    hanging.send_raw(&50u32.to_be_bytes());
+
+    // A header without serializeTypeCurrentRPC, as some clients send, is served and
+    // answered with the field.
+    let mut c = Client::connect(addr);
+    let header = br#"{"code":30,"language":"GO","version":0,"opaque":5,"flag":0,"extFields":{"topic":"T","queueId":"0"}}"#;
+    c.send_raw(&frame(header.len() as u32, header));
+    let mut len = [0u8; 4];
+    c.s.read_exact(&mut len).unwrap();
+    let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
+    c.s.read_exact(&mut payload).unwrap();
+    let text = String::from_utf8_lossy(&payload);
+    assert!(
+        text.contains(r#""serializeTypeCurrentRPC":"JSON""#),
+        "{text}"
+    );
+    assert!(text.contains(r#""opaque":5"#), "{text}");
+
+    // The first connection was never disturbed.
+    assert_eq!(
+        good.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", "T")], b"")
+            .code,
+        SUCCESS
+    );
+    send(&mut good, "T", 0, "still fine", "t", "k");
+    drop(hanging);
+    node.shutdown().unwrap();
+}
