@@ -385,7 +385,7 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
         if req.is_response() {
             continue; // This side sends no requests yet.
         }
-        match process::process(st, req, id, peer) {
+        match futures_lite::future::block_on(process::process(st, req, id, peer)) {
             Outcome::Reply(resp) => send_response(&writer, &resp),
             Outcome::NoReply => {}
             Outcome::Hold(hold) => {
@@ -395,7 +395,11 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
                     .name(format!("coremq-hold-{id}"))
                     .spawn(move || {
                         let _guard = guard;
-                        let resp = process::serve_hold(&st2, hold);
+                        let resp = futures_lite::future::block_on(process::serve_hold(
+                            &st2,
+                            hold,
+                            process::Waiting::Blocking,
+                        ));
                         send_response(&w2, &resp);
                     });
                 if let Err(e) = spawned {

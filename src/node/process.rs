@@ -12,7 +12,6 @@ use crate::remoting::RemotingCommand;
 use crate::remoting::codes::*;
 use crate::shard::shard_of_offset;
 use bytes::Bytes;
-use futures_lite::future::block_on;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -77,7 +76,7 @@ fn ok(req: &RemotingCommand) -> RemotingCommand {
 }
 
 /// Serves one request.
-pub(crate) fn process(
+pub(crate) async fn process(
     st: &NodeState,
     req: RemotingCommand,
     conn: u64,
@@ -87,15 +86,15 @@ pub(crate) fn process(
     let oneway = req.is_oneway();
     tracing::trace!(code = req.code, opaque = req.opaque, fields = ?req.ext_fields, body = req.body.len(), "request");
     let r = match req.code {
-        SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => send(st, &req, peer),
-        PULL_MESSAGE | LITE_PULL_MESSAGE => return pull_request(st, req),
-        QUERY_MESSAGE => query_message(st, &req),
-        VIEW_MESSAGE_BY_ID => view_message(st, &req),
-        QUERY_CONSUMER_OFFSET => query_consumer_offset(st, &req),
+        SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => send(st, &req, peer).await,
+        PULL_MESSAGE | LITE_PULL_MESSAGE => return pull_request(st, req).await,
+        QUERY_MESSAGE => query_message(st, &req).await,
+        VIEW_MESSAGE_BY_ID => view_message(st, &req).await,
+        QUERY_CONSUMER_OFFSET => query_consumer_offset(st, &req).await,
         UPDATE_CONSUMER_OFFSET => update_consumer_offset(st, &req),
-        GET_MAX_OFFSET | GET_MIN_OFFSET => queue_offset(st, &req),
-        SEARCH_OFFSET_BY_TIMESTAMP => search_offset(st, &req),
-        GET_EARLIEST_MSG_STORETIME => earliest_time(st, &req),
+        GET_MAX_OFFSET | GET_MIN_OFFSET => queue_offset(st, &req).await,
+        SEARCH_OFFSET_BY_TIMESTAMP => search_offset(st, &req).await,
+        GET_EARLIEST_MSG_STORETIME => earliest_time(st, &req).await,
         HEART_BEAT => heartbeat(st, &req, conn),
         UNREGISTER_CLIENT => unregister(st, &req),
         GET_CONSUMER_LIST_BY_GROUP => consumer_list(st, &req),
@@ -331,7 +330,7 @@ fn decode_batch(body: &Bytes) -> Result<Vec<BatchItem>, Reject> {
     Ok(out)
 }
 
-fn send(
+async fn send(
     st: &NodeState,
     req: &RemotingCommand,
     peer: SocketAddr,
@@ -394,7 +393,7 @@ fn send(
             .collect();
         let n = msgs.len() as u64;
         let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
-        let rs = block_on(st.handle.put_batch(msgs));
+        let rs = st.handle.put_batch(msgs).await;
         let ids: Vec<String> = rs
             .iter()
             .flat_map(|r| r.msg_ids.iter().map(MessageId::to_string))
@@ -410,7 +409,7 @@ fn send(
         (first, ids.join(","), bytes, n)
     } else {
         let bytes = h.body.len() as u64;
-        let r = block_on(st.handle.put(base(flag, h.body.clone(), props)));
+        let r = st.handle.put(base(flag, h.body.clone(), props)).await;
         let ids = r.msg_ids.first().map(|i| i.to_string()).unwrap_or_default();
         (r, ids, bytes, 1)
     };
@@ -480,7 +479,7 @@ fn parse_pull(req: &RemotingCommand) -> Result<PullArgs, Reject> {
     })
 }
 
-fn pull_request(st: &NodeState, req: RemotingCommand) -> Outcome {
+async fn pull_request(st: &NodeState, req: RemotingCommand) -> Outcome {
     let args = match parse_pull(&req) {
         Ok(a) => a,
         Err((code, remark)) => {
@@ -499,7 +498,7 @@ fn pull_request(st: &NodeState, req: RemotingCommand) -> Outcome {
         );
     }
     let seen = st.arrivals.seq(&args.topic, args.queue_id);
-    let resp = pull_once(st, &req, &args);
+    let resp = pull_once(st, &req, &args).await;
     let suspend = args.sys_flag & PULL_FLAG_SUSPEND != 0 && args.suspend_ms > 0;
     if resp.code == PULL_NOT_FOUND
         && suspend
@@ -528,7 +527,11 @@ fn tag_matches(raw: &Bytes, tags: &[String]) -> bool {
 }
 
 /// One attempt at a pull, mapped to RocketMQ's response as `PullMessageProcessor`.
-pub(crate) fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> RemotingCommand {
+pub(crate) async fn pull_once(
+    st: &NodeState,
+    req: &RemotingCommand,
+    a: &PullArgs,
+) -> RemotingCommand {
     let conf = match topic_conf(st, &a.topic, false) {
         Ok(c) => c,
         Err((code, remark)) => return RemotingCommand::response_to(req, code, Some(remark)),
@@ -543,10 +546,10 @@ pub(crate) fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> 
             )),
         );
     }
-    let got = block_on(
-        st.handle
-            .get(&a.topic, a.queue_id, a.offset, a.max, st.cfg.pull_max_bytes),
-    );
+    let got = st
+        .handle
+        .get(&a.topic, a.queue_id, a.offset, a.max, st.cfg.pull_max_bytes)
+        .await;
     let g = match got {
         Ok(g) => g,
         Err(e) => {
@@ -600,43 +603,63 @@ pub(crate) fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> 
     resp
 }
 
+/// How a held pull waits: blocking its own thread, or as a task on a glommio executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    Blocking,
+    Glommio,
+}
+
+/// Waits up to `d` for a signal on `rx`; whether one came.
+async fn wait_signal(rx: &flume::Receiver<()>, d: Duration, how: Waiting) -> bool {
+    match how {
+        Waiting::Blocking => rx.recv_timeout(d).is_ok(),
+        Waiting::Glommio => {
+            futures_lite::future::or(async { rx.recv_async().await.is_ok() }, async {
+                glommio::timer::sleep(d).await;
+                false
+            })
+            .await
+        }
+    }
+}
+
+/// Waits until the shard owning the pulled queue has dispatched what it stored.
+async fn wait_dispatched(st: &NodeState, a: &PullArgs) {
+    let shard = st.handle.shard_of(&a.topic, a.queue_id);
+    let _ = st
+        .handle
+        .run_on(
+            shard,
+            |ctx| async move { ctx.store.wait_dispatched().await },
+        )
+        .await;
+}
+
 /// Serves a held pull: waits for an arrival in its queue (or the deadline), then
 /// answers with whatever a pull finds then.
-pub(crate) fn serve_hold(st: &NodeState, hold: Hold) -> RemotingCommand {
+pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> RemotingCommand {
     let a = &hold.pull;
     let mut seen = hold.seen;
-    let shard = st.handle.shard_of(&a.topic, a.queue_id);
-    let wait_dispatched =
-        || {
-            let _ = block_on(st.handle.run_on(shard, |ctx| async move {
-                ctx.store.wait_dispatched().await
-            }));
-        };
     // A message put just before this pull may not have been dispatched yet.
-    wait_dispatched();
-    let resp = pull_once(st, &hold.req, a);
+    wait_dispatched(st, a).await;
+    let resp = pull_once(st, &hold.req, a).await;
     if resp.code != PULL_NOT_FOUND {
         return resp;
     }
     loop {
-        let now = Instant::now();
-        let left = hold.deadline.saturating_duration_since(now);
-        // Wake at least every second to look again (RocketMQ's hold service checks
+        let left = hold.deadline.saturating_duration_since(Instant::now());
+        let rx = st.arrivals.subscribe(&a.topic, a.queue_id, seen);
+        // Look again at least every second (RocketMQ's hold service also checks
         // every few seconds besides the arrival notices).
-        let moved = st.arrivals.wait(
-            &a.topic,
-            a.queue_id,
-            seen,
-            left.min(Duration::from_secs(1)),
-            || st.shutting.load(Ordering::SeqCst),
-        );
+        let moved = wait_signal(&rx, left.min(Duration::from_secs(1)), how).await;
         let done = st.shutting.load(Ordering::SeqCst) || Instant::now() >= hold.deadline;
         if moved {
             seen = st.arrivals.seq(&a.topic, a.queue_id);
             // A put returns before dispatch makes the record visible to pulls.
-            wait_dispatched();
+            wait_dispatched(st, a).await;
         }
-        let resp = pull_once(st, &hold.req, a);
+        let resp = pull_once(st, &hold.req, a).await;
         if resp.code != PULL_NOT_FOUND || done {
             return resp;
         }
@@ -646,34 +669,36 @@ pub(crate) fn serve_hold(st: &NodeState, hold: Hold) -> RemotingCommand {
 // ---------------------------------------------------------------------------------
 // queries
 
-fn read_raw(st: &NodeState, offset: u64) -> Result<Option<Bytes>, Reject> {
+async fn read_raw(st: &NodeState, offset: u64) -> Result<Option<Bytes>, Reject> {
     let shard = shard_of_offset(offset);
     if shard >= st.handle.shards() {
         return Ok(None);
     }
-    block_on(st.handle.run_on(shard, move |ctx| async move {
-        ctx.store.read_record(offset).await
-    }))
-    .and_then(|r| r)
-    .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))
+    st.handle
+        .run_on(shard, move |ctx| async move {
+            ctx.store.read_record(offset).await
+        })
+        .await
+        .and_then(|r| r)
+        .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))
 }
 
-fn query_message(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+async fn query_message(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
     let topic = field(req, "topic")?;
     let key = field(req, "key")?;
     let max: i64 = opt_num(req, "maxNum")?.unwrap_or(32);
     let begin: i64 = opt_num(req, "beginTimestamp")?.unwrap_or(0);
     let end: i64 = opt_num(req, "endTimestamp")?.unwrap_or(i64::MAX);
-    let hits = block_on(
-        st.handle
-            .query_by_key(topic, key, max.max(0) as usize, begin, end),
-    )
-    .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))?;
+    let hits = st
+        .handle
+        .query_by_key(topic, key, max.max(0) as usize, begin, end)
+        .await
+        .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))?;
     let mut body = Vec::new();
     let mut last_ts = 0i64;
     let mut last_off = 0u64;
     for m in &hits {
-        if let Some(raw) = read_raw(st, m.log_offset)? {
+        if let Some(raw) = read_raw(st, m.log_offset).await? {
             body.extend_from_slice(&raw);
             last_ts = last_ts.max(m.store_timestamp_ms);
             last_off = last_off.max(m.log_offset);
@@ -691,7 +716,7 @@ fn query_message(st: &NodeState, req: &RemotingCommand) -> Result<RemotingComman
         .with_body(body))
 }
 
-fn view_message(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+async fn view_message(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
     let offset: i64 = num(req, "offset")?;
     let not_found = || {
         reject(
@@ -702,7 +727,7 @@ fn view_message(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand
     if offset < 0 {
         return Err(not_found());
     }
-    match read_raw(st, offset as u64)? {
+    match read_raw(st, offset as u64).await? {
         Some(raw) => Ok(ok(req).with_body(raw)),
         None => Err(not_found()),
     }
@@ -712,25 +737,34 @@ fn queue_args(req: &RemotingCommand) -> Result<(String, i32), Reject> {
     Ok((field(req, "topic")?.to_string(), num(req, "queueId")?))
 }
 
-fn queue_offset(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+async fn queue_offset(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
     let (topic, q) = queue_args(req)?;
-    let (min, max) = block_on(st.handle.queue_offsets(&topic, q))
+    let (min, max) = st
+        .handle
+        .queue_offsets(&topic, q)
+        .await
         .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))?;
     let v = if req.code == GET_MAX_OFFSET { max } else { min };
     Ok(ok(req).with_field("offset", v))
 }
 
-fn search_offset(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+async fn search_offset(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
     let (topic, q) = queue_args(req)?;
     let ts: i64 = num(req, "timestamp")?;
-    let o = block_on(st.handle.queue_offset_by_time(&topic, q, ts))
+    let o = st
+        .handle
+        .queue_offset_by_time(&topic, q, ts)
+        .await
         .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))?;
     Ok(ok(req).with_field("offset", o))
 }
 
-fn earliest_time(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+async fn earliest_time(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
     let (topic, q) = queue_args(req)?;
-    let t = block_on(st.handle.earliest_message_time(&topic, q))
+    let t = st
+        .handle
+        .earliest_message_time(&topic, q)
+        .await
         .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))?;
     Ok(ok(req).with_field("timestamp", t))
 }
@@ -738,14 +772,20 @@ fn earliest_time(st: &NodeState, req: &RemotingCommand) -> Result<RemotingComman
 // ---------------------------------------------------------------------------------
 // consumers
 
-fn query_consumer_offset(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+async fn query_consumer_offset(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
     let group = field(req, "consumerGroup")?;
     let (topic, q) = queue_args(req)?;
     if let Some(o) = st.offsets.get(group, &topic, q) {
         return Ok(ok(req).with_field("offset", o));
     }
     // RocketMQ: a group with no offset on a queue that still starts at 0 begins at 0.
-    let (min, _) = block_on(st.handle.queue_offsets(&topic, q))
+    let (min, _) = st
+        .handle
+        .queue_offsets(&topic, q)
+        .await
         .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))?;
     if min == 0 {
         return Ok(ok(req).with_field("offset", 0));

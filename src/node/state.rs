@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Locks, taking the data even if a thread panicked while holding it (every value
@@ -250,60 +250,51 @@ impl Clients {
     }
 }
 
-/// Arrival counters per queue: a held pull waits for its queue's counter to move.
+/// Arrival counters per queue, and the held pulls waiting on each: a held pull
+/// subscribes with the counter it saw and is signalled when it moves.
 #[derive(Default)]
 pub struct Arrivals {
-    seqs: Mutex<HashMap<(String, i32), u64>>,
-    cond: Condvar,
+    queues: Mutex<HashMap<(String, i32), (u64, Vec<flume::Sender<()>>)>>,
 }
 
 impl Arrivals {
     pub fn seq(&self, topic: &str, queue_id: i32) -> u64 {
-        lock(&self.seqs)
+        lock(&self.queues)
             .get(&(topic.to_string(), queue_id))
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |(seq, _)| *seq)
+    }
+
+    /// A receiver signalled at the next arrival, or at once when the counter has
+    /// already moved past `seen`.
+    pub fn subscribe(&self, topic: &str, queue_id: i32, seen: u64) -> flume::Receiver<()> {
+        let (tx, rx) = flume::bounded(1);
+        let mut q = lock(&self.queues);
+        let (seq, waiters) = q.entry((topic.to_string(), queue_id)).or_default();
+        if *seq != seen {
+            let _ = tx.try_send(());
+        } else {
+            // Waiters that gave up (timed out) are dropped here.
+            waiters.retain(|w| !w.is_disconnected());
+            waiters.push(tx);
+        }
+        rx
     }
 
     pub fn arrived(&self, topic: &str, queue_id: i32) {
-        *lock(&self.seqs)
-            .entry((topic.to_string(), queue_id))
-            .or_default() += 1;
-        self.cond.notify_all();
+        let mut q = lock(&self.queues);
+        let (seq, waiters) = q.entry((topic.to_string(), queue_id)).or_default();
+        *seq += 1;
+        for w in waiters.drain(..) {
+            let _ = w.try_send(());
+        }
     }
 
-    /// Wakes every waiter (shutdown).
+    /// Signals every waiter (shutdown).
     pub fn wake_all(&self) {
-        let _g = lock(&self.seqs);
-        self.cond.notify_all();
-    }
-
-    /// Waits until the counter differs from `seen`, `stop()` holds, or `timeout`
-    /// passes; returns whether the counter moved.
-    pub fn wait(
-        &self,
-        topic: &str,
-        queue_id: i32,
-        seen: u64,
-        timeout: Duration,
-        stop: impl Fn() -> bool,
-    ) -> bool {
-        let key = (topic.to_string(), queue_id);
-        let deadline = Instant::now() + timeout;
-        let mut g = lock(&self.seqs);
-        loop {
-            if g.get(&key).copied().unwrap_or(0) != seen {
-                return true;
+        for (_, waiters) in lock(&self.queues).values_mut() {
+            for w in waiters.drain(..) {
+                let _ = w.try_send(());
             }
-            let now = Instant::now();
-            if now >= deadline || stop() {
-                return false;
-            }
-            g = self
-                .cond
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
         }
     }
 }
