@@ -257,7 +257,8 @@ fn route_send_pull_offsets_queries() {
     );
     assert_eq!(r.code, MESSAGE_ILLEGAL);
 
-    // Pull everything (long polling waits for dispatch if needed).
+    // Pull everything (once dispatched: a pull sees what dispatch has indexed).
+    futures_lite::future::block_on(node.handle().wait_dispatched()).unwrap();
     let r = pull(&mut c, "Orders", 1, 0, 2000);
     assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
     assert_eq!(bodies(&r), ["m0", "m1", "m2", "m3"]);
