@@ -10,9 +10,21 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Where connections are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// On the shard executors, with glommio (io_uring) sockets (the default).
+    Shards,
+    /// One OS thread per connection with blocking sockets (the simple fallback).
+    Threads,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
+    /// Where connections are served: "shards" or "threads".
+    pub network: Network,
     /// Where the store and `config/` (topics, consumer offsets) live.
     pub data_dir: PathBuf,
     /// The broker port (RocketMQ: 10911).
@@ -65,6 +77,7 @@ pub struct NodeConfig {
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
+            network: Network::Shards,
             data_dir: PathBuf::from("./coremq-data"),
             listen: SocketAddr::from(([127, 0, 0, 1], 10911)),
             namesrv_listen: SocketAddr::from(([127, 0, 0, 1], 9876)),

@@ -37,9 +37,10 @@
 
 pub mod config;
 mod process;
+mod shard_net;
 mod state;
 
-pub use config::NodeConfig;
+pub use config::{Network, NodeConfig};
 
 use crate::error::{Error, Result};
 use crate::remoting::{self, FrameError, RemotingCommand};
@@ -66,11 +67,38 @@ pub(crate) struct NodeState {
     pub metrics: Metrics,
     pub shutting: AtomicBool,
     pub next_queue: AtomicU64,
-    next_conn: AtomicU64,
-    /// Open connections (a clone of each socket, to close their read side at shutdown).
+    pub(crate) next_conn: AtomicU64,
+    /// Connections open (both front ends).
+    pub(crate) open: AtomicUsize,
+    /// The shard front end has stopped.
+    net_stopped: AtomicBool,
+    /// The thread front end's connections (a clone of each socket, to close their
+    /// read side at shutdown).
     conns: Mutex<HashMap<u64, TcpStream>>,
     /// Connection and held-pull threads running.
     active: AtomicUsize,
+}
+
+impl NodeState {
+    /// Counts a new connection in, or refuses it at the limit.
+    pub(crate) fn try_open_connection(&self) -> bool {
+        let n = self.open.fetch_add(1, Ordering::SeqCst);
+        if n >= self.cfg.max_connections {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            self.metrics
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                limit = self.cfg.max_connections,
+                "connection limit reached; closing a new connection"
+            );
+            return false;
+        }
+        self.metrics
+            .connections_accepted
+            .fetch_add(1, Ordering::Relaxed);
+        true
+    }
 }
 
 /// Counts a running thread in `active` for as long as it lives.
@@ -94,6 +122,9 @@ pub struct Node {
     state: Arc<NodeState>,
     store: Option<ShardedStore>,
     threads: Vec<JoinHandle<()>>,
+    shard_net: Option<shard_net::ShardNet>,
+    /// Listeners whose accept threads must be woken at shutdown.
+    wake: Vec<SocketAddr>,
     /// Addresses actually bound (useful with port 0).
     pub broker_addr: SocketAddr,
     pub namesrv_addr: Option<SocketAddr>,
@@ -160,6 +191,8 @@ impl Node {
             shutting: AtomicBool::new(false),
             next_queue: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
+            open: AtomicUsize::new(0),
+            net_stopped: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             active: AtomicUsize::new(0),
             cfg,
@@ -168,21 +201,26 @@ impl Node {
             state: state.clone(),
             store: Some(store),
             threads: Vec::new(),
+            shard_net: None,
+            wake: Vec::new(),
             broker_addr,
             namesrv_addr: None,
             metrics_addr: None,
         };
-        node.spawn("coremq-accept-broker", {
-            let st = state.clone();
-            move || accept_loop(st, broker)
-        })?;
-        if let Some(l) = namesrv {
-            node.namesrv_addr = l.local_addr().ok();
-            let st = state.clone();
-            node.spawn("coremq-accept-namesrv", move || accept_loop(st, l))?;
+        node.namesrv_addr = namesrv.as_ref().and_then(|l| l.local_addr().ok());
+        let listeners: Vec<TcpListener> = std::iter::once(broker).chain(namesrv).collect();
+        if state.cfg.network == Network::Shards {
+            node.shard_net = Some(shard_net::ShardNet::start(&state, &listeners)?);
+        } else {
+            for l in listeners {
+                node.wake.extend(l.local_addr().ok());
+                let st = state.clone();
+                node.spawn("coremq-accept", move || accept_loop(st, l))?;
+            }
         }
         if let Some(l) = metrics {
             node.metrics_addr = l.local_addr().ok();
+            node.wake.extend(node.metrics_addr);
             let st = state.clone();
             node.spawn("coremq-metrics", move || metrics_loop(st, l))?;
         }
@@ -226,12 +264,26 @@ impl Node {
         let st = &self.state;
         tracing::info!("node shutting down");
         st.shutting.store(true, Ordering::SeqCst);
-        // Wake the accept loops (each sees the flag on its next accept).
-        for addr in [Some(self.broker_addr), self.namesrv_addr, self.metrics_addr]
-            .into_iter()
-            .flatten()
-        {
-            let _ = TcpStream::connect_timeout(&wake_addr(addr), Duration::from_secs(1));
+        // Wake the accept threads (each sees the flag on its next accept).
+        for addr in &self.wake {
+            let _ = TcpStream::connect_timeout(&wake_addr(*addr), Duration::from_secs(1));
+        }
+        if let Some(mut net) = self.shard_net.take() {
+            // Held pulls answer once signalled; the shards wait for their connections.
+            let waker = {
+                let st = st.clone();
+                std::thread::spawn(move || {
+                    while st.open.load(Ordering::SeqCst) > 0
+                        && !st.net_stopped.load(Ordering::SeqCst)
+                    {
+                        st.arrivals.wake_all();
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                })
+            };
+            net.stop();
+            st.net_stopped.store(true, Ordering::SeqCst);
+            let _ = waker.join();
         }
         for (_, c) in lock(&st.conns).iter() {
             let _ = c.shutdown(Shutdown::Read);
@@ -284,21 +336,12 @@ fn accept_loop(st: Arc<NodeState>, listener: TcpListener) {
                 continue;
             }
         };
-        if lock(&st.conns).len() >= st.cfg.max_connections {
-            st.metrics
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                limit = st.cfg.max_connections,
-                "connection limit reached; closing a new connection"
-            );
+        if !st.try_open_connection() {
             continue;
         }
-        st.metrics
-            .connections_accepted
-            .fetch_add(1, Ordering::Relaxed);
         let id = st.next_conn.fetch_add(1, Ordering::Relaxed);
         let Ok(clone) = stream.try_clone() else {
+            st.open.fetch_sub(1, Ordering::SeqCst);
             continue;
         };
         lock(&st.conns).insert(id, clone);
@@ -311,10 +354,12 @@ fn accept_loop(st: Arc<NodeState>, listener: TcpListener) {
                 serve_connection(&st2, id, stream);
                 lock(&st2.conns).remove(&id);
                 st2.clients.connection_closed(id);
+                st2.open.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start a connection thread");
             lock(&st.conns).remove(&id);
+            st.open.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -440,7 +485,7 @@ fn metrics_loop(st: Arc<NodeState>, listener: TcpListener) {
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let mut buf = [0u8; 2048];
         let _ = s.read(&mut buf);
-        let body = st.metrics.render(lock(&st.conns).len());
+        let body = st.metrics.render(st.open.load(Ordering::SeqCst));
         let head = format!(
             "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
