@@ -2,7 +2,7 @@
 //! small blocking RocketMQ remoting client written here.
 
 use bytes::Bytes;
-use coremq::node::{Node, NodeConfig};
+use coremq::node::{Network, Node, NodeConfig};
 use coremq::remoting::codes::*;
 use coremq::remoting::{RemotingCommand, SerializeType, decode_payload};
 use coremq::{ShardedConfig, StoreConfig, StoredMessage};
@@ -12,8 +12,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn start(dir: &Path) -> Node {
+fn start(dir: &Path, network: Network) -> Node {
     let cfg = NodeConfig {
+        network,
         data_dir: dir.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
         namesrv_listen: "127.0.0.1:0".parse().unwrap(),
@@ -182,9 +183,18 @@ fn batch_body(msgs: &[(&str, &str)]) -> Vec<u8> {
 }
 
 #[test]
-fn route_send_pull_offsets_queries() {
+fn route_send_pull_offsets_queries_on_shards() {
+    route_send_pull_offsets_queries(Network::Shards);
+}
+
+#[test]
+fn route_send_pull_offsets_queries_on_threads() {
+    route_send_pull_offsets_queries(Network::Threads);
+}
+
+fn route_send_pull_offsets_queries(network: Network) {
     let dir = tempfile::tempdir().unwrap();
-    let node = start(dir.path());
+    let node = start(dir.path(), network);
     let broker = node.broker_addr;
     let mut ns = Client::connect(node.namesrv_addr.unwrap());
     let mut c = Client::connect(broker);
@@ -453,7 +463,7 @@ fn route_send_pull_offsets_queries() {
     assert!(!dir.path().join("shard-0/abort").exists());
     let saved = std::fs::read_to_string(dir.path().join("config/consumerOffset.json")).unwrap();
     assert!(saved.contains("Orders@cg"), "{saved}");
-    let node = start(dir.path());
+    let node = start(dir.path(), network);
     let mut c = Client::connect(node.broker_addr);
     assert_eq!(
         c.call(QUERY_CONSUMER_OFFSET, &g, b"").field("offset"),
@@ -476,9 +486,18 @@ fn ns_route_queues(node: &Node, topic: &str) -> i64 {
 }
 
 #[test]
-fn long_poll_wakes_on_arrival_and_times_out() {
+fn long_poll_wakes_on_arrival_and_times_out_on_shards() {
+    long_poll_wakes_on_arrival_and_times_out(Network::Shards);
+}
+
+#[test]
+fn long_poll_wakes_on_arrival_and_times_out_on_threads() {
+    long_poll_wakes_on_arrival_and_times_out(Network::Threads);
+}
+
+fn long_poll_wakes_on_arrival_and_times_out(network: Network) {
     let dir = tempfile::tempdir().unwrap();
-    let node = start(dir.path());
+    let node = start(dir.path(), network);
     let addr = node.broker_addr;
     // Nothing arrives: the pull is held for its timeout, then answered "not found".
     let mut c = Client::connect(addr);
@@ -557,9 +576,18 @@ fn frame(word: u32, header: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn bad_input_closes_only_its_connection() {
+fn bad_input_closes_only_its_connection_on_shards() {
+    bad_input_closes_only_its_connection(Network::Shards);
+}
+
+#[test]
+fn bad_input_closes_only_its_connection_on_threads() {
+    bad_input_closes_only_its_connection(Network::Threads);
+}
+
+fn bad_input_closes_only_its_connection(network: Network) {
     let dir = tempfile::tempdir().unwrap();
-    let node = start(dir.path());
+    let node = start(dir.path(), network);
     let addr = node.broker_addr;
     let mut good = Client::connect(addr);
     assert_eq!(

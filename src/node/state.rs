@@ -250,11 +250,14 @@ impl Clients {
     }
 }
 
+/// A queue's arrival counter and the held pulls waiting for it to move.
+type QueueWaiters = (u64, Vec<flume::Sender<()>>);
+
 /// Arrival counters per queue, and the held pulls waiting on each: a held pull
 /// subscribes with the counter it saw and is signalled when it moves.
 #[derive(Default)]
 pub struct Arrivals {
-    queues: Mutex<HashMap<(String, i32), (u64, Vec<flume::Sender<()>>)>>,
+    queues: Mutex<HashMap<(String, i32), QueueWaiters>>,
 }
 
 impl Arrivals {
