@@ -5,6 +5,9 @@
 //! * `coremq run`: the main job on an embedded default: opens a store in a data
 //!   directory, puts N messages with up to 256 puts outstanding, reads every queue
 //!   back and verifies every body, shuts down cleanly and prints a JSON summary.
+//! * `coremq serve`: a node speaking RocketMQ's remoting protocol (see `coremq::node`);
+//!   defaults, then `--config coremq.toml`, then the address flags; SIGINT/SIGTERM
+//!   shut it down cleanly.
 //! * `coremq bench`: the load generator (`coremq::loadgen`): producers and optional
 //!   tailing consumers on every shard; prints throughput, latency percentiles, CPU per
 //!   message and peak memory; `--json FILE` and `--svg FILE` write the report.

@@ -7,19 +7,18 @@
 //!   (`GET_ROUTEINFO_BY_TOPIC`, `GET_BROKER_CLUSTER_INFO`) name this node as the only
 //!   broker (broker id 0, read/write) of its cluster. Metrics: Prometheus text at
 //!   `http://127.0.0.1:9100/metrics`.
-//! * **Threads, and why not glommio sockets yet.** This first version serves each
-//!   connection on a plain OS thread with blocking `std::net` I/O, and reaches the
-//!   store through the `Send + Sync` [`Handle`] (`block_on(handle.put(..))`), which runs
-//!   every request on the shard owning its queue, as the library routes. It was chosen
-//!   to get a correct, complete protocol surface first: RocketMQ clients multiplex
-//!   many requests (pulls held for up to 30 s, heartbeats, sends) on one connection,
-//!   and held pulls need a waiter that is not the reader. Each held pull gets its own
-//!   short-lived thread that waits on the queue's arrival counter. The cost is one
-//!   cross-thread hop per request (see the README's routing numbers); accepting on
-//!   the shards with `glommio::net` and calling the shard-local `ShardContext` is the
-//!   next step, and the processors (`process.rs`) do not depend on the choice.
-//! * **Responses** go out under a per-connection write lock, so a held pull answered
-//!   later never interleaves with another response.
+//! * **Where connections run** (`network` in the config):
+//!   - `"shards"` (default, [`shard_net`]): every shard executor accepts on the shared
+//!     listening sockets and serves its connections as glommio tasks over io_uring
+//!     sockets (thread-per-core). A request runs on the connection's shard and reaches
+//!     the shard owning its queue through the store's [`Handle`] (a channel hop; when
+//!     the owner is the connection's own shard the hop is to itself: one more task,
+//!     no thread switch). Held pulls are tasks waiting on the queue's arrival signal.
+//!   - `"threads"`: one OS thread per connection with blocking `std::net` sockets and
+//!     `block_on(handle...)`: the first, simple front end, kept as a fallback and
+//!     tested with the same suite. Held pulls get their own short-lived thread.
+//!
+//!   Both run the same request processors (`process.rs`, async, front-end free).
 //! * **Bad input.** A malformed frame (length outside 4..=`max_frame_bytes`, a header
 //!   that does not decode, an unknown serialize type) closes only its connection.
 //!   Unknown request codes get `REQUEST_CODE_NOT_SUPPORTED`; missing or malformed
