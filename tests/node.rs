@@ -757,3 +757,16 @@ fn interop_cpp_client_via_python() {
         other => panic!("interop failed: {other:?}"),
     }
 }
+
+/// The documented example config parses and states the defaults.
+#[test]
+fn example_config_is_the_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("coremq.toml");
+    let file = NodeConfig::from_file(&path).unwrap();
+    let d = NodeConfig::default();
+    assert_eq!(format!("{file:?}"), format!("{d:?}"));
+    let bad = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad.path(), "listne = \"127.0.0.1:1\"\n").unwrap();
+    let e = NodeConfig::from_file(bad.path()).unwrap_err().to_string();
+    assert!(e.contains("listne"), "{e}");
+}

@@ -8,7 +8,7 @@
 //!   broker (broker id 0, read/write) of its cluster. Metrics: Prometheus text at
 //!   `http://127.0.0.1:9100/metrics`.
 //! * **Where connections run** (`network` in the config):
-//!   - `"shards"` (default, [`shard_net`]): every shard executor accepts on the shared
+//!   - `"shards"` (default, `shard_net.rs`): every shard executor accepts on the shared
 //!     listening sockets and serves its connections as glommio tasks over io_uring
 //!     sockets (thread-per-core). A request runs on the connection's shard and reaches
 //!     the shard owning its queue through the store's [`Handle`] (a channel hop; when
@@ -19,6 +19,9 @@
 //!     tested with the same suite. Held pulls get their own short-lived thread.
 //!
 //!   Both run the same request processors (`process.rs`, async, front-end free).
+//! * **Responses** go out through one writer per connection (a write lock, or a
+//!   writer task fed by a channel), so a held pull answered later never interleaves
+//!   with another response; requests may be answered out of order (by `opaque`).
 //! * **Bad input.** A malformed frame (length outside 4..=`max_frame_bytes`, a header
 //!   that does not decode, an unknown serialize type) closes only its connection.
 //!   Unknown request codes get `REQUEST_CODE_NOT_SUPPORTED`; missing or malformed
