@@ -287,6 +287,24 @@ fn serve_cmd(cfg: coremq::node::NodeConfig) -> ExitCode {
 // bench
 
 fn bench_cmd(cfg: &coremq::loadgen::LoadConfig) -> ExitCode {
+    if let Some(target) = &cfg.target {
+        return match coremq::node::bench::run(cfg, target) {
+            Ok((report, good)) => {
+                if let Some(path) = &cfg.json {
+                    let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+                    if let Err(e) = std::fs::write(path, text + "\n") {
+                        return fail(&format!("cannot write {}: {e}", path.display()));
+                    }
+                }
+                if good {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => fail(&e),
+        };
+    }
     match coremq::loadgen::run_and_report(cfg) {
         Ok(report) if report.ok() => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(1),

@@ -37,6 +37,7 @@
 //! * Not yet: registering with external name servers (`namesrv_addr`,
 //!   REGISTER_BROKER), replication, transactions, `SEND_MESSAGE_BACK` (retry topics).
 
+pub mod bench;
 pub mod config;
 mod process;
 mod shard_net;

@@ -34,6 +34,28 @@ pub(crate) struct Hold {
     pub deadline: Instant,
 }
 
+thread_local! {
+    /// The shard this thread runs, when it is a shard executor serving connections
+    /// (set by the shard front end): requests for its own queues skip the handle.
+    static LOCAL_SHARD: std::cell::RefCell<Option<crate::shard::ShardContext>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Sets (or clears) this thread's shard context.
+pub(crate) fn set_local_shard(ctx: Option<crate::shard::ShardContext>) {
+    LOCAL_SHARD.with(|c| *c.borrow_mut() = ctx);
+}
+
+/// This thread's store, when this thread is the shard owning `(topic, queue_id)`.
+fn local_owner(topic: &str, queue_id: i32) -> Option<crate::store::Store> {
+    LOCAL_SHARD.with(|c| {
+        c.borrow()
+            .as_ref()
+            .filter(|ctx| ctx.owns(topic, queue_id))
+            .map(|ctx| ctx.store.clone())
+    })
+}
+
 /// A refusal: response code and remark.
 type Reject = (i32, String);
 
@@ -393,7 +415,10 @@ async fn send(
             .collect();
         let n = msgs.len() as u64;
         let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
-        let rs = st.handle.put_batch(msgs).await;
+        let rs = match local_owner(&topic, queue_id) {
+            Some(store) => vec![store.put_batch(&msgs).await],
+            None => st.handle.put_batch(msgs).await,
+        };
         let ids: Vec<String> = rs
             .iter()
             .flat_map(|r| r.msg_ids.iter().map(MessageId::to_string))
@@ -409,7 +434,11 @@ async fn send(
         (first, ids.join(","), bytes, n)
     } else {
         let bytes = h.body.len() as u64;
-        let r = st.handle.put(base(flag, h.body.clone(), props)).await;
+        let msg = base(flag, h.body.clone(), props);
+        let r = match local_owner(&topic, queue_id) {
+            Some(store) => store.put(msg).await,
+            None => st.handle.put(msg).await,
+        };
         let ids = r.msg_ids.first().map(|i| i.to_string()).unwrap_or_default();
         (r, ids, bytes, 1)
     };
@@ -546,10 +575,19 @@ pub(crate) async fn pull_once(
             )),
         );
     }
-    let got = st
-        .handle
-        .get(&a.topic, a.queue_id, a.offset, a.max, st.cfg.pull_max_bytes)
-        .await;
+    let max_bytes = st.cfg.pull_max_bytes;
+    let got = match local_owner(&a.topic, a.queue_id) {
+        Some(store) => {
+            store
+                .get(&a.topic, a.queue_id, a.offset, a.max, max_bytes)
+                .await
+        }
+        None => {
+            st.handle
+                .get(&a.topic, a.queue_id, a.offset, a.max, max_bytes)
+                .await
+        }
+    };
     let g = match got {
         Ok(g) => g,
         Err(e) => {
@@ -626,6 +664,9 @@ async fn wait_signal(rx: &flume::Receiver<()>, d: Duration, how: Waiting) -> boo
 
 /// Waits until the shard owning the pulled queue has dispatched what it stored.
 async fn wait_dispatched(st: &NodeState, a: &PullArgs) {
+    if let Some(store) = local_owner(&a.topic, a.queue_id) {
+        return store.wait_dispatched().await;
+    }
     let shard = st.handle.shard_of(&a.topic, a.queue_id);
     let _ = st
         .handle

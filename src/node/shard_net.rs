@@ -15,6 +15,7 @@
 use super::NodeState;
 use super::process::{self, Outcome, Waiting};
 use crate::remoting::{self, RemotingCommand};
+use crate::shard::ShardContext;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::net::{TcpListener, TcpStream};
@@ -60,7 +61,7 @@ impl ShardNet {
                 .name(format!("coremq-net-{shard}"))
                 .spawn(move || {
                     let handle = st2.handle.clone();
-                    let job = handle.run_on(shard, move |_ctx| serve_shard(st2, fds, stop_rx));
+                    let job = handle.run_on(shard, move |ctx| serve_shard(ctx, st2, fds, stop_rx));
                     if let Err(e) = futures_lite::future::block_on(job) {
                         tracing::error!(shard, error = %e, "shard front end stopped");
                     }
@@ -116,10 +117,19 @@ impl LocalStop {
     }
 }
 
+/// Requests of one connection processed at once (held pulls not counted).
+const MAX_IN_FLIGHT: u64 = 1024;
+
 /// Ids of accept loops (connections count up from 1).
 const ACCEPT_ID_BASE: u64 = u64::MAX - 64;
 
-async fn serve_shard(st: Arc<NodeState>, fds: Vec<RawFd>, stop_rx: flume::Receiver<()>) {
+async fn serve_shard(
+    ctx: ShardContext,
+    st: Arc<NodeState>,
+    fds: Vec<RawFd>,
+    stop_rx: flume::Receiver<()>,
+) {
+    process::set_local_shard(Some(ctx));
     let stop = Rc::new(LocalStop::default());
     let open = Rc::new(Cell::new(0usize));
     for (k, fd) in fds.into_iter().enumerate() {
@@ -141,6 +151,7 @@ async fn serve_shard(st: Arc<NodeState>, fds: Vec<RawFd>, stop_rx: flume::Receiv
     while open.get() > 0 && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(10)).await;
     }
+    process::set_local_shard(None);
 }
 
 async fn accept_loop(
@@ -225,6 +236,7 @@ async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
         }
         let _ = wr.close().await;
     });
+    let inflight = Rc::new(glommio::sync::Semaphore::new(MAX_IN_FLIGHT));
     tracing::debug!(%peer, conn, "connection open");
     loop {
         let read = futures_lite::future::or(read_frame(&mut rd, st.cfg.max_frame_bytes), async {
@@ -244,20 +256,27 @@ async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
         if req.is_response() {
             continue;
         }
-        match process::process(st, req, conn, peer).await {
-            Outcome::Reply(resp) => {
-                let _ = tx.send(resp.encode()).await;
-            }
-            Outcome::NoReply => {}
-            Outcome::Hold(hold) => {
-                let (st, tx) = (st.clone(), tx.clone());
-                glommio::spawn_local(async move {
+        // Requests of one connection run concurrently (answered by opaque, as
+        // RocketMQ's processor pools do), at most MAX_IN_FLIGHT at once.
+        let Ok(permit) = inflight.acquire_static_permit(1).await else {
+            break;
+        };
+        let (st, tx) = (st.clone(), tx.clone());
+        glommio::spawn_local(async move {
+            let _permit = permit;
+            match process::process(&st, req, conn, peer).await {
+                Outcome::Reply(resp) => {
+                    let _ = tx.send(resp.encode()).await;
+                }
+                Outcome::NoReply => {}
+                Outcome::Hold(hold) => {
+                    drop(_permit);
                     let resp = process::serve_hold(&st, hold, Waiting::Glommio).await;
                     let _ = tx.send(resp.encode()).await;
-                })
-                .detach();
+                }
             }
-        }
+        })
+        .detach();
     }
     // The writer ends once every held pull of this connection has answered.
     drop(tx);
