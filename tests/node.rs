@@ -770,3 +770,60 @@ fn example_config_is_the_defaults() {
     let e = NodeConfig::from_file(bad.path()).unwrap_err().to_string();
     assert!(e.contains("listne"), "{e}");
 }
+
+/// With `namesrv_addr` set, the node registers with that name server (REGISTER_BROKER)
+/// naming itself and its topics, with a body CRC the name server can check.
+#[test]
+fn registers_with_configured_name_servers() {
+    let fake_ns = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ns_addr = fake_ns.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/topics.json"),
+        r#"{"topicConfigTable":{"Known":{"readQueueNums":3,"writeQueueNums":3,"perm":6}}}"#,
+    )
+    .unwrap();
+    let cfg = NodeConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        namesrv_enable: false,
+        metrics_enable: false,
+        shards: 1,
+        pin: false,
+        namesrv_addr: vec![ns_addr.to_string()],
+        register_interval_ms: 200,
+        ..NodeConfig::default()
+    };
+    let mut store = ShardedConfig::new(dir.path());
+    store.shards = 1;
+    store.pin = false;
+    store.io_memory_bytes = 8 << 20;
+    store.store = StoreConfig::small_for_tests(dir.path());
+    let node = Node::start_with_store(cfg, store).unwrap();
+    fake_ns.set_nonblocking(false).unwrap();
+    for round in 0..2 {
+        let (s, _) = fake_ns.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client { s, opaque: 0 };
+        let mut len = [0u8; 4];
+        c.s.read_exact(&mut len).unwrap();
+        let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
+        c.s.read_exact(&mut payload).unwrap();
+        let req = decode_payload(payload.into()).unwrap();
+        assert_eq!(req.code, REGISTER_BROKER);
+        assert_eq!(
+            req.field("brokerAddr"),
+            Some(node.broker_addr.to_string().as_str())
+        );
+        assert_eq!(req.field("brokerId"), Some("0"));
+        let crc = (crc32fast::hash(&req.body) & 0x7FFF_FFFF).to_string();
+        assert_eq!(req.field("bodyCrc32"), Some(crc.as_str()));
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let t = &body["topicConfigSerializeWrapper"]["topicConfigTable"]["Known"];
+        assert_eq!(t["writeQueueNums"], 3, "round {round}: {body}");
+        let resp = RemotingCommand::response_to(&req, SUCCESS, None);
+        c.send_raw(&resp.encode());
+    }
+    node.shutdown().unwrap();
+}

@@ -67,9 +67,11 @@ pub struct NodeConfig {
     pub offset_flush_interval_ms: u64,
     /// A client not heard from (heartbeat) this long leaves its groups (RocketMQ: 120 s).
     pub client_expiry_ms: u64,
-    /// Name servers to register with (REGISTER_BROKER); not implemented yet: a
-    /// non-empty list is logged and ignored.
+    /// Name servers (host:port) of an existing RocketMQ cluster to register with
+    /// (REGISTER_BROKER), every `register_interval_ms`.
     pub namesrv_addr: Vec<String>,
+    /// How often to register with `namesrv_addr` (RocketMQ: 30 s).
+    pub register_interval_ms: u64,
     /// `tracing` filter (RUST_LOG wins when set), e.g. "info" or "coremq=debug".
     pub log_level: String,
 }
@@ -101,6 +103,7 @@ impl Default for NodeConfig {
             offset_flush_interval_ms: 5_000,
             client_expiry_ms: 120_000,
             namesrv_addr: Vec::new(),
+            register_interval_ms: 30_000,
             log_level: "info".into(),
         }
     }

@@ -34,12 +34,15 @@
 //!   accepting, closes the read side of every connection so no new request starts,
 //!   answers held pulls, waits for requests in flight (up to 10 s), writes consumer
 //!   offsets, then shuts the store down (flush, checkpoint, remove `abort`).
-//! * Not yet: registering with external name servers (`namesrv_addr`,
-//!   REGISTER_BROKER), replication, transactions, `SEND_MESSAGE_BACK` (retry topics).
+//! * **Joining a cluster**: with `namesrv_addr` set, the node registers with those
+//!   name servers every 30 s (`register.rs`).
+//! * Not yet: replication, transactions, `SEND_MESSAGE_BACK` (retry topics),
+//!   unregistering from name servers at shutdown.
 
 pub mod bench;
 pub mod config;
 mod process;
+mod register;
 mod shard_net;
 mod state;
 
@@ -150,12 +153,6 @@ impl Node {
     /// are taken from `cfg` and the bound address).
     pub fn start_with_store(cfg: NodeConfig, mut store_cfg: ShardedConfig) -> Result<Node> {
         cfg.validate()?;
-        if !cfg.namesrv_addr.is_empty() {
-            tracing::warn!(
-                namesrv = ?cfg.namesrv_addr,
-                "registering with external name servers is not implemented yet; ignored"
-            );
-        }
         let broker = bind(cfg.listen, "broker")?;
         let broker_addr = broker
             .local_addr()
@@ -229,6 +226,10 @@ impl Node {
         }
         let st = state.clone();
         node.spawn("coremq-housekeeping", move || housekeeping(st))?;
+        if !state.cfg.namesrv_addr.is_empty() {
+            let st = state.clone();
+            node.spawn("coremq-register", move || register::register_loop(st))?;
+        }
         tracing::info!(
             broker = %node.broker_addr,
             namesrv = ?node.namesrv_addr,

@@ -97,6 +97,14 @@ impl Topics {
         write_json(&self.path, &snapshot)
     }
 
+    /// Every topic and its settings.
+    pub fn snapshot(&self) -> Vec<(String, TopicConf)> {
+        lock(&self.table)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
     fn to_json(&self, t: &BTreeMap<String, TopicConf>) -> Value {
         let table: serde_json::Map<String, Value> = t
             .iter()
