@@ -13,7 +13,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn start(dir: &Path, network: Network) -> Node {
-    let cfg = NodeConfig {
+    start_with(dir, network, |_| {})
+}
+
+fn start_with(dir: &Path, network: Network, tweak: impl FnOnce(&mut NodeConfig)) -> Node {
+    let mut cfg = NodeConfig {
         network,
         data_dir: dir.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -25,6 +29,7 @@ fn start(dir: &Path, network: Network) -> Node {
         offset_flush_interval_ms: 100,
         ..NodeConfig::default()
     };
+    tweak(&mut cfg);
     let mut store = ShardedConfig::new(dir);
     store.shards = 2;
     store.pin = false;
@@ -826,4 +831,56 @@ fn registers_with_configured_name_servers() {
         c.send_raw(&resp.encode());
     }
     node.shutdown().unwrap();
+}
+
+/// Connections beyond `max_connections` are closed on accept; the others go on.
+#[test]
+fn connection_limit() {
+    for network in [Network::Shards, Network::Threads] {
+        let dir = tempfile::tempdir().unwrap();
+        let node = start_with(dir.path(), network, |c| c.max_connections = 2);
+        let mut a = Client::connect(node.broker_addr);
+        let mut b = Client::connect(node.broker_addr);
+        assert_eq!(
+            a.call(GET_MAX_OFFSET, &[("topic", "T"), ("queueId", "0")], b"")
+                .code,
+            SUCCESS
+        );
+        assert_eq!(
+            b.call(GET_MAX_OFFSET, &[("topic", "T"), ("queueId", "0")], b"")
+                .code,
+            SUCCESS
+        );
+        let mut c = Client::connect(node.broker_addr);
+        assert!(
+            c.is_closed(),
+            "{network:?}: the third connection should be closed"
+        );
+        drop(b);
+        // Once one closes, a new connection is served again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut d = Client::connect(node.broker_addr);
+            d.s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let probe = RemotingCommand::request(
+                GET_MAX_OFFSET,
+                9,
+                vec![("topic".into(), "T".into()), ("queueId".into(), "0".into())],
+            );
+            if d.s.write_all(&probe.encode()).is_ok() && d.read_response().is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{network:?}: no connection served after one closed"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            a.call(GET_MAX_OFFSET, &[("topic", "T"), ("queueId", "0")], b"")
+                .code,
+            SUCCESS
+        );
+        node.shutdown().unwrap();
+    }
 }
