@@ -884,3 +884,35 @@ fn connection_limit() {
         node.shutdown().unwrap();
     }
 }
+
+/// Many connections at once over the shards' sockets, then a shutdown that finishes
+/// (regression: shards sharing one listening socket could block in accept(2) on the
+/// executor thread and never stop).
+#[test]
+fn many_connections_then_prompt_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), Network::Shards);
+    let addr = node.broker_addr;
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    let mut c = Client::connect(addr);
+                    let q = ((w + i) % 4).to_string();
+                    let r = c.call(GET_MAX_OFFSET, &[("topic", "Many"), ("queueId", &q)], b"");
+                    assert_eq!(r.code, SUCCESS);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(node.shutdown().is_ok()).unwrap());
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(20)),
+        Ok(true),
+        "shutdown hung"
+    );
+}

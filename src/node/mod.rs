@@ -41,6 +41,7 @@
 
 pub mod bench;
 pub mod config;
+mod listen;
 mod process;
 mod register;
 mod shard_net;
@@ -137,8 +138,9 @@ pub struct Node {
     pub metrics_addr: Option<SocketAddr>,
 }
 
-fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
-    TcpListener::bind(addr)
+/// `n` listening sockets sharing `addr` (`SO_REUSEPORT`).
+fn bind(addr: SocketAddr, n: usize, what: &str) -> Result<Vec<TcpListener>> {
+    listen::bind_group(addr, n)
         .map_err(|e| Error::Config(format!("cannot bind the {what} port {addr}: {e}")))
 }
 
@@ -153,17 +155,22 @@ impl Node {
     /// are taken from `cfg` and the bound address).
     pub fn start_with_store(cfg: NodeConfig, mut store_cfg: ShardedConfig) -> Result<Node> {
         cfg.validate()?;
-        let broker = bind(cfg.listen, "broker")?;
-        let broker_addr = broker
+        // One socket per shard on each protocol port (shard front end), else one.
+        let per_port = match cfg.network {
+            Network::Shards => store_cfg.shards.max(1),
+            Network::Threads => 1,
+        };
+        let broker = bind(cfg.listen, per_port, "broker")?;
+        let broker_addr = broker[0]
             .local_addr()
             .map_err(|e| Error::Config(e.to_string()))?;
         let namesrv = if cfg.namesrv_enable {
-            Some(bind(cfg.namesrv_listen, "name server")?)
+            Some(bind(cfg.namesrv_listen, per_port, "name server")?)
         } else {
             None
         };
         let metrics = if cfg.metrics_enable {
-            Some(bind(cfg.metrics_listen, "metrics")?)
+            Some(bind(cfg.metrics_listen, 1, "metrics")?.remove(0))
         } else {
             None
         };
@@ -207,12 +214,12 @@ impl Node {
             namesrv_addr: None,
             metrics_addr: None,
         };
-        node.namesrv_addr = namesrv.as_ref().and_then(|l| l.local_addr().ok());
-        let listeners: Vec<TcpListener> = std::iter::once(broker).chain(namesrv).collect();
+        node.namesrv_addr = namesrv.as_ref().and_then(|l| l[0].local_addr().ok());
+        let groups: Vec<Vec<TcpListener>> = std::iter::once(broker).chain(namesrv).collect();
         if state.cfg.network == Network::Shards {
-            node.shard_net = Some(shard_net::ShardNet::start(&state, &listeners)?);
+            node.shard_net = Some(shard_net::ShardNet::start(&state, groups)?);
         } else {
-            for l in listeners {
+            for l in groups.into_iter().flatten() {
                 node.wake.extend(l.local_addr().ok());
                 let st = state.clone();
                 node.spawn("coremq-accept", move || accept_loop(st, l))?;

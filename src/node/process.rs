@@ -226,6 +226,8 @@ fn route(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Rejec
             "cluster": st.cfg.cluster_name,
             "brokerName": st.cfg.broker_name,
             "brokerAddrs": broker_addrs(st),
+            // RocketMQ 5 names it; some clients require it.
+            "enableActingMaster": false,
         }],
         "filterServerTable": {},
     });
@@ -239,6 +241,7 @@ fn cluster_info(st: &NodeState, req: &RemotingCommand) -> RemotingCommand {
             "cluster": st.cfg.cluster_name,
             "brokerName": name,
             "brokerAddrs": broker_addrs(st),
+            "enableActingMaster": false,
         }},
         "clusterAddrTable": { st.cfg.cluster_name.clone(): [name] },
     });

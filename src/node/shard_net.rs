@@ -1,7 +1,7 @@
 //! Connections served on the shards (the default, `network = "shards"`): every shard
-//! executor accepts on the broker and name-server sockets (one listening socket,
-//! shared; the kernel hands each connection to one shard's pending accept) and serves
-//! its connections as glommio tasks with `glommio::net` (io_uring) I/O.
+//! executor accepts on its own broker and name-server sockets (`SO_REUSEPORT`: the
+//! kernel spreads new connections over the shards' sockets, see `listen.rs`) and
+//! serves its connections as glommio tasks with `glommio::net` (io_uring) I/O.
 //!
 //! Per connection: a reader task decodes frames and runs each request (requests for
 //! queues another shard owns travel there through the store's [`Handle`], as the
@@ -38,23 +38,30 @@ pub(crate) struct ShardNet {
 }
 
 impl ShardNet {
-    /// Starts serving `listeners` on every shard.
+    /// Starts serving on every shard: `groups` holds, per port, one listening socket
+    /// per shard (`SO_REUSEPORT`); shard `i` accepts on socket `i` of each.
     pub(crate) fn start(
         st: &Arc<NodeState>,
-        listeners: &[std::net::TcpListener],
+        groups: Vec<Vec<std::net::TcpListener>>,
     ) -> crate::Result<ShardNet> {
+        let shards = st.handle.shards();
+        let mut per_shard: Vec<Vec<RawFd>> = vec![Vec::new(); shards];
+        for group in groups {
+            if group.len() != shards {
+                return Err(crate::Error::Config(format!(
+                    "{} listening sockets for {shards} shards",
+                    group.len()
+                )));
+            }
+            for (i, l) in group.into_iter().enumerate() {
+                per_shard[i].push(l.into_raw_fd());
+            }
+        }
         let mut net = ShardNet {
             stops: Vec::new(),
             threads: Vec::new(),
         };
-        for shard in 0..st.handle.shards() {
-            let mut fds: Vec<RawFd> = Vec::new();
-            for l in listeners {
-                let dup = l
-                    .try_clone()
-                    .map_err(|e| crate::Error::Config(format!("cannot share a listener: {e}")))?;
-                fds.push(dup.into_raw_fd());
-            }
+        for (shard, fds) in per_shard.into_iter().enumerate() {
             let (stop_tx, stop_rx) = flume::bounded(1);
             let st2 = st.clone();
             let t = std::thread::Builder::new()
@@ -133,7 +140,7 @@ async fn serve_shard(
     let stop = Rc::new(LocalStop::default());
     let open = Rc::new(Cell::new(0usize));
     for (k, fd) in fds.into_iter().enumerate() {
-        // SAFETY: `fd` is a listening socket this function owns (a dup made for it).
+        // SAFETY: `fd` is a listening socket handed to this shard alone.
         let listener = unsafe { TcpListener::from_raw_fd(fd) };
         let (st, stop, open) = (st.clone(), stop.clone(), open.clone());
         glommio::spawn_local(accept_loop(
