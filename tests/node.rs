@@ -916,3 +916,24 @@ fn many_connections_then_prompt_shutdown() {
         "shutdown hung"
     );
 }
+
+/// Interop with rocketmq-client-rust (crates.io), when asked for:
+/// `COREMQ_INTEROP_RUST=1 cargo test --test node interop_rust` (a heavy build).
+#[test]
+fn interop_rust_client() {
+    if std::env::var_os("COREMQ_INTEROP_RUST").is_none() {
+        println!("SKIPPED: set COREMQ_INTEROP_RUST=1 to run scripts/interop_rust.sh");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/interop_rust.sh");
+    let status = std::process::Command::new("bash")
+        .arg(script)
+        .env("COREMQ_BIN", env!("CARGO_BIN_EXE_coremq"))
+        .status()
+        .unwrap();
+    match status.code() {
+        Some(0) => {}
+        Some(77) => println!("SKIPPED: the client could not be built"),
+        other => panic!("interop failed: {other:?}"),
+    }
+}
