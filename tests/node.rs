@@ -387,6 +387,32 @@ fn route_send_pull_offsets_queries(network: Network) {
     );
     assert_eq!(r.code, SYSTEM_ERROR);
 
+    // A consumer sends m0 back: it reappears in the group's retry topic.
+    let r = c.call(
+        CONSUMER_SEND_MSG_BACK,
+        &[
+            ("offset", &offset),
+            ("group", "cg"),
+            ("delayLevel", "0"),
+            ("originMsgId", &id0),
+        ],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let r = pull(&mut c, "%RETRY%cg", 0, 0, 2000);
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let back = records(&r.body);
+    assert_eq!(back[0].body.as_ref(), b"m0");
+    assert_eq!(back[0].reconsume_times, 1);
+    assert_eq!(back[0].property("RETRY_TOPIC"), Some("Orders"));
+    assert_eq!(back[0].property("ORIGIN_MESSAGE_ID"), Some(id0.as_str()));
+    let r = c.call(
+        CONSUMER_SEND_MSG_BACK,
+        &[("offset", "1"), ("group", "cg")],
+        b"",
+    );
+    assert_eq!(r.code, SYSTEM_ERROR);
+
     // Heartbeat, consumer list, unregister.
     let hb = br#"{"clientID":"10.0.0.1@1","producerDataSet":[{"groupName":"pg"}],
         "consumerDataSet":[{"groupName":"cg","consumeType":"CONSUME_PASSIVELY",

@@ -36,7 +36,9 @@
 //!   offsets, then shuts the store down (flush, checkpoint, remove `abort`).
 //! * **Joining a cluster**: with `namesrv_addr` set, the node registers with those
 //!   name servers every 30 s (`register.rs`).
-//! * Not yet: replication, transactions, `SEND_MESSAGE_BACK` (retry topics),
+//! * Failed messages sent back (`CONSUMER_SEND_MSG_BACK`) go to `%RETRY%group` at once
+//!   (delay levels need scheduled delivery, not implemented), `%DLQ%group` after 16.
+//! * Not yet: replication, transactions, delayed delivery,
 //!   unregistering from name servers at shutdown.
 
 pub mod bench;

@@ -119,6 +119,7 @@ pub(crate) async fn process(
         GET_EARLIEST_MSG_STORETIME => earliest_time(st, &req).await,
         HEART_BEAT => heartbeat(st, &req, conn),
         UNREGISTER_CLIENT => unregister(st, &req),
+        CONSUMER_SEND_MSG_BACK => send_back(st, &req).await,
         GET_CONSUMER_LIST_BY_GROUP => consumer_list(st, &req),
         UPDATE_AND_CREATE_TOPIC => create_topic(st, &req),
         GET_ROUTEINFO_BY_TOPIC => route(st, &req),
@@ -458,6 +459,87 @@ async fn send(
         .with_field("queueOffset", result.queue_offset)
         .with_field("MSG_REGION", "DefaultRegion")
         .with_field("TRACE_ON", "true"))
+}
+
+/// Most deliveries before a message goes to the group's dead-letter topic
+/// (RocketMQ's `maxReconsumeTimes` default).
+const MAX_RECONSUME_TIMES: i32 = 16;
+
+/// `CONSUMER_SEND_MSG_BACK`: a consumer failed a message; store it again in the
+/// group's retry topic (`%RETRY%group`), or its dead-letter topic (`%DLQ%group`) once
+/// it failed `maxReconsumeTimes` times. Delay levels are not honoured yet (the retry
+/// is visible at once): scheduled delivery is not implemented.
+async fn send_back(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+    let offset: i64 = num(req, "offset")?;
+    let group = field(req, "group")?;
+    let max_times: i32 = opt_num(req, "maxReconsumeTimes")?.unwrap_or(MAX_RECONSUME_TIMES);
+    let not_found = || {
+        reject(
+            SYSTEM_ERROR,
+            format!("look message by offset failed, {offset}"),
+        )
+    };
+    if offset < 0 {
+        return Err(not_found());
+    }
+    let shard = shard_of_offset(offset as u64);
+    if shard >= st.handle.shards() {
+        return Err(not_found());
+    }
+    let m = st
+        .handle
+        .look_by_offset(offset as u64)
+        .await
+        .map_err(|e| reject(SYSTEM_ERROR, e.to_string()))?
+        .ok_or_else(not_found)?;
+    let times = m.reconsume_times + 1;
+    let topic = if times > max_times {
+        format!("%DLQ%{group}")
+    } else {
+        format!("%RETRY%{group}")
+    };
+    if !valid_topic(&topic) {
+        return Err(reject(
+            SYSTEM_ERROR,
+            format!("invalid retry topic {topic:?}"),
+        ));
+    }
+    topic_conf(st, &topic, true)?;
+    let mut props = m.properties.clone();
+    let mut set = |name: &str, value: String, overwrite: bool| match props
+        .iter_mut()
+        .find(|(n, _)| n == name)
+    {
+        Some((_, v)) if overwrite => *v = value,
+        Some(_) => {}
+        None => props.push((name.to_string(), value)),
+    };
+    set("RETRY_TOPIC", m.topic.clone(), false);
+    let origin = req
+        .field("originMsgId")
+        .map(str::to_string)
+        .or_else(|| m.msg_id.map(|i| i.to_string()))
+        .unwrap_or_default();
+    set("ORIGIN_MESSAGE_ID", origin, false);
+    let msg = Message {
+        topic: topic.clone(),
+        queue_id: 0,
+        flag: m.flag,
+        body: m.body.clone(),
+        properties: props,
+        born_timestamp_ms: m.born_timestamp_ms,
+        born_host: m.born_host,
+        sys_flag: m.sys_flag,
+        reconsume_times: times,
+        prepared_transaction_offset: 0,
+    };
+    let r = st.handle.put(msg).await;
+    let (code, remark) = put_code(r.status);
+    if !r.status.is_stored() {
+        return Err(reject(code, remark.unwrap_or_default()));
+    }
+    st.arrivals.arrived(&topic, 0);
+    Ok(RemotingCommand::response_to(req, code, remark))
 }
 
 // ---------------------------------------------------------------------------------

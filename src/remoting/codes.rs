@@ -17,6 +17,7 @@ pub const GET_EARLIEST_MSG_STORETIME: i32 = 32;
 pub const VIEW_MESSAGE_BY_ID: i32 = 33;
 pub const HEART_BEAT: i32 = 34;
 pub const UNREGISTER_CLIENT: i32 = 35;
+pub const CONSUMER_SEND_MSG_BACK: i32 = 36;
 pub const GET_CONSUMER_LIST_BY_GROUP: i32 = 38;
 pub const REGISTER_BROKER: i32 = 103;
 pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
