@@ -1,5 +1,7 @@
 //! Interop check of a coremq node with the rocketmq-client-rust crate: produce with
-//! keys, query by key, view by message id, queue offsets.
+//! keys, query by key, view by message id, queue offsets, a push consumer (long
+//! polling, committed offsets, a failed message redelivered through the retry topic).
+//! Usage: coremq-interop-rust NAMESRV_ADDR TOPIC (exit 0 = every check passed).
 use std::sync::Arc;
 
 use rocketmq_client_rust::{
@@ -8,10 +10,12 @@ use rocketmq_client_rust::{
     MessageListenerConcurrently,
 };
 use rocketmq_model::common::message::message_ext::MessageExt;
+use rocketmq_model::common::message::message_single::Message;
+use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-struct Collect(Arc<Mutex<HashSet<String>>>);
+struct Collect(Arc<Mutex<HashSet<String>>>, Arc<Mutex<u32>>);
 
 impl MessageListenerConcurrently for Collect {
     fn consume_message(
@@ -22,14 +26,22 @@ impl MessageListenerConcurrently for Collect {
         let mut got = self.0.lock().unwrap();
         for m in msgs {
             if let Some(b) = m.body() {
-                got.insert(String::from_utf8_lossy(&b).into_owned());
+                let body = String::from_utf8_lossy(&b).into_owned();
+                if body == "rust-retry" {
+                    // Fail the first delivery: the client sends it back, and it must
+                    // come again (through the group's retry topic).
+                    let mut seen = self.1.lock().unwrap();
+                    *seen += 1;
+                    if *seen == 1 {
+                        return Ok(ConsumeConcurrentlyStatus::ReconsumeLater);
+                    }
+                }
+                got.insert(body);
             }
         }
         Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
     }
 }
-use rocketmq_model::common::message::message_single::Message;
-use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
 #[tokio::main]
 async fn main() -> ClientResult<()> {
@@ -157,7 +169,8 @@ async fn main() -> ClientResult<()> {
         .name_server_addr(namesrv.clone())
         .build();
     consumer.subscribe(&topic, "*").await?;
-    consumer.register_message_listener_concurrently(Collect(got.clone()));
+    let retry_seen: Arc<Mutex<u32>> = Arc::default();
+    consumer.register_message_listener_concurrently(Collect(got.clone(), retry_seen.clone()));
     consumer.start().await?;
     let t0 = std::time::Instant::now();
     while got.lock().unwrap().len() < 5 && t0.elapsed() < std::time::Duration::from_secs(30) {
@@ -184,6 +197,23 @@ async fn main() -> ClientResult<()> {
         "push consumer woke for a new message",
         got.lock().unwrap().contains("rust-late"),
         format!("{:?}", t1.elapsed()),
+    );
+    let retry = Message::builder()
+        .topic(topic.as_str())
+        .body_slice(b"rust-retry")
+        .build_unchecked();
+    let t2 = std::time::Instant::now();
+    let _ = producer.send_with_timeout(retry, 5000).await;
+    while !got.lock().unwrap().contains("rust-retry")
+        && t2.elapsed() < std::time::Duration::from_secs(30)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let deliveries = *retry_seen.lock().unwrap();
+    check(
+        "failed message redelivered",
+        got.lock().unwrap().contains("rust-retry") && deliveries >= 2,
+        format!("{deliveries} deliveries in {:?}", t2.elapsed()),
     );
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;
     consumer.shutdown().await;
