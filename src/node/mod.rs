@@ -40,6 +40,19 @@
 //!   (delay levels need scheduled delivery, not implemented), `%DLQ%group` after 16.
 //! * Not yet: replication, transactions, delayed delivery,
 //!   unregistering from name servers at shutdown.
+//!
+//! Interop, checked against clients nobody here wrote (scripts run a node themselves):
+//! * `scripts/interop.sh`: Apache RocketMQ's C++ client (librocketmq, bundled in the
+//!   PyPI wheel `rocketmq` 0.4.4): route lookup, `send_sync`, `send_batch` (sent as
+//!   `SEND_MESSAGE` with `batch=1`), pull consumer, push consumer with long polling and
+//!   committed offsets, clean SIGTERM shutdown.
+//! * `scripts/interop_rust.sh`: `rocketmq-client-rust` 1.0.0 (crates.io): send with
+//!   keys, query by key, view by offset message id, max offset, search offset by
+//!   time, push consumer (long polling, committed offsets, a failed message
+//!   redelivered through the retry topic).
+//! Quirks seen: the C++ client never sends `serializeTypeCurrentRPC`; the Rust client
+//! requires `enableActingMaster` in route data; records carry coremq's `__CRC32#`
+//! property, which clients show as an ordinary property.
 
 pub mod bench;
 pub mod config;
