@@ -50,6 +50,7 @@
 //!   keys, query by key, view by offset message id, max offset, search offset by
 //!   time, push consumer (long polling, committed offsets, a failed message
 //!   redelivered through the retry topic).
+//!
 //! Quirks seen: the C++ client never sends `serializeTypeCurrentRPC`; the Rust client
 //! requires `enableActingMaster` in route data; records carry coremq's `__CRC32#`
 //! property, which clients show as an ordinary property.
