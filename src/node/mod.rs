@@ -408,8 +408,14 @@ fn read_frame(
         }
     }
     let len = remoting::check_length(prefix, max).map_err(ReadError::Frame)?;
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload).map_err(ReadError::Io)?;
+    // Memory grows with the bytes that arrive, not with the length a peer declares.
+    let mut payload = Vec::with_capacity(len.min(remoting::INITIAL_FRAME_BUFFER));
+    r.take(len as u64)
+        .read_to_end(&mut payload)
+        .map_err(ReadError::Io)?;
+    if payload.len() != len {
+        return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
     remoting::decode_payload(payload.into())
         .map(Some)
         .map_err(ReadError::Frame)

@@ -216,9 +216,11 @@ async fn read_frame<R: futures_lite::AsyncRead + Unpin>(r: &mut R, max: usize) -
         Ok(l) => l,
         Err(e) => return Read::Malformed(e),
     };
-    let mut payload = vec![0u8; len];
-    if r.read_exact(&mut payload).await.is_err() {
-        return Read::Closed;
+    // Memory grows with the bytes that arrive, not with the length a peer declares.
+    let mut payload = Vec::with_capacity(len.min(remoting::INITIAL_FRAME_BUFFER));
+    match r.take(len as u64).read_to_end(&mut payload).await {
+        Ok(n) if n == len => {}
+        _ => return Read::Closed,
     }
     match remoting::decode_payload(payload.into()) {
         Ok(c) => Read::Frame(c),

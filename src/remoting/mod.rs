@@ -42,6 +42,10 @@ const _: () = assert!(BINARY_FIXED_LEN == 21);
 /// Largest header length the 24-bit field can state.
 pub const MAX_HEADER_LEN: usize = (1 << 24) - 1;
 
+/// Bytes reserved up front for a frame's payload; the buffer grows as the rest
+/// arrives, so a declared length costs nothing until its bytes come.
+pub const INITIAL_FRAME_BUFFER: usize = 64 << 10;
+
 /// `flag` bit: this command is a response.
 pub const FLAG_RESPONSE: i32 = 1;
 /// `flag` bit: the request wants no response.
