@@ -975,3 +975,67 @@ fn consumer_list(st: &NodeState, req: &RemotingCommand) -> Result<RemotingComman
     let body = json!({ "consumerIdList": ids });
     Ok(ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode_batch(msgs: &[(i32, &[u8], &str)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (flag, body, props) in msgs {
+            let size = 20 + body.len() + 2 + props.len();
+            out.extend_from_slice(&(size as i32).to_be_bytes());
+            out.extend_from_slice(&[0; 8]); // magic, body CRC
+            out.extend_from_slice(&flag.to_be_bytes());
+            out.extend_from_slice(&(body.len() as i32).to_be_bytes());
+            out.extend_from_slice(body);
+            out.extend_from_slice(&(props.len() as i16).to_be_bytes());
+            out.extend_from_slice(props.as_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn batch_round_trip() {
+        let wire = encode_batch(&[(1, b"a", "KEYS\u{1}k\u{2}"), (0, b"", "")]);
+        let got = decode_batch(&Bytes::from(wire)).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, 1);
+        assert_eq!(&got[0].1[..], b"a");
+        assert_eq!(got[0].2, vec![("KEYS".to_string(), "k".to_string())]);
+        assert!(got[1].1.is_empty());
+        assert!(decode_batch(&Bytes::new()).is_err());
+    }
+
+    #[test]
+    fn v2_names_become_long_names() {
+        let req = RemotingCommand::request(
+            SEND_MESSAGE_V2,
+            1,
+            vec![("b".into(), "T".into()), ("e".into(), "3".into())],
+        );
+        let long = long_names(&req);
+        assert_eq!(long.field("topic"), Some("T"));
+        assert_eq!(long.field("queueId"), Some("3"));
+    }
+
+    proptest! {
+        #[test]
+        fn batch_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_batch(&Bytes::from(bytes));
+        }
+
+        #[test]
+        fn batch_decoder_never_panics_on_damaged_batches(
+            body in proptest::collection::vec(any::<u8>(), 0..40),
+            at in 0usize..80,
+            value in any::<u8>(),
+        ) {
+            let mut wire = encode_batch(&[(0, &body, "KEYS\u{1}x\u{2}"), (0, b"b", "")]);
+            let i = at % wire.len();
+            wire[i] = value;
+            let _ = decode_batch(&Bytes::from(wire));
+        }
+    }
+}
