@@ -127,6 +127,9 @@ impl LocalStop {
 /// Requests of one connection processed at once (held pulls not counted).
 const MAX_IN_FLIGHT: u64 = 1024;
 
+/// Encoded responses waiting for a connection's writer.
+const RESPONSES_QUEUED: usize = 64;
+
 /// Ids of accept loops (connections count up from 1).
 const ACCEPT_ID_BASE: u64 = u64::MAX - 64;
 
@@ -235,7 +238,8 @@ async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(st.cfg.idle_timeout()));
     let (mut rd, mut wr) = futures_lite::io::split(stream);
-    let (tx, rx) = local_channel::new_unbounded::<Vec<u8>>();
+    // Bounded: a peer that stops reading stalls its own requests, not the node's memory.
+    let (tx, rx) = local_channel::new_bounded::<Vec<u8>>(RESPONSES_QUEUED);
     let tx: Rc<LocalSender<Vec<u8>>> = Rc::new(tx);
     let writer = glommio::spawn_local(async move {
         while let Some(bytes) = rx.recv().await {
