@@ -8,6 +8,7 @@
 # `abort` left, consumer offsets written).
 #
 #   scripts/interop.sh            # builds coremq (debug) first
+#   COREMQ_NETWORK=threads scripts/interop.sh   # the thread-per-connection front end
 #   COREMQ_BIN=path scripts/interop.sh
 #
 # Exit 0 when every check passed; 77 when the client cannot be installed (skip).
@@ -38,7 +39,9 @@ fi
 
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
-"$COREMQ_BIN" serve --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
+# COREMQ_NETWORK=threads runs the thread-per-connection front end instead.
+printf 'network = "%s"\n' "${COREMQ_NETWORK:-shards}" >"$work/coremq.toml"
+"$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
     --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
     >"$work/node.log" 2>&1 &
 node_pid=$!

@@ -5,7 +5,8 @@
 # query by key (QUERY_MESSAGE), view by offset message id (VIEW_MESSAGE_BY_ID), max
 # offset, search offset by time, push consumer (long polling, committed offsets).
 #
-#   scripts/interop_rust.sh      (INTEROP_RUST_TARGET=dir to reuse a target dir)
+#   scripts/interop_rust.sh      (INTEROP_RUST_TARGET=dir to reuse a target dir;
+#                                 COREMQ_NETWORK=threads for the other front end)
 # Exit 0 when every check passed; 77 when the client cannot be built (skip).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -27,7 +28,9 @@ if [[ -z "${COREMQ_BIN:-}" ]]; then
 fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
-"$COREMQ_BIN" serve --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
+# COREMQ_NETWORK=threads runs the thread-per-connection front end instead.
+printf 'network = "%s"\n' "${COREMQ_NETWORK:-shards}" >"$work/coremq.toml"
+"$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
     --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
     >"$work/node.log" 2>&1 &
 node_pid=$!
