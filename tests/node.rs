@@ -963,3 +963,43 @@ fn interop_rust_client() {
         other => panic!("interop failed: {other:?}"),
     }
 }
+
+/// Beyond `max_held_pulls`, a pull that finds nothing is answered at once.
+#[test]
+fn held_pull_limit() {
+    for network in [Network::Shards, Network::Threads] {
+        let dir = tempfile::tempdir().unwrap();
+        let node = start_with(dir.path(), network, |c| c.max_held_pulls = 1);
+        let addr = node.broker_addr;
+        let first = std::thread::spawn(move || {
+            let mut c = Client::connect(addr);
+            let t0 = Instant::now();
+            let code = pull(&mut c, "Held", 0, 0, 1500).code;
+            (code, t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let mut c = Client::connect(addr);
+        let t0 = Instant::now();
+        assert_eq!(pull(&mut c, "Held", 1, 0, 5000).code, PULL_NOT_FOUND);
+        assert!(
+            t0.elapsed() < Duration::from_millis(1000),
+            "{network:?}: {:?}",
+            t0.elapsed()
+        );
+        let (code, waited) = first.join().unwrap();
+        assert_eq!(code, PULL_NOT_FOUND);
+        assert!(
+            waited >= Duration::from_millis(1400),
+            "{network:?}: {waited:?}"
+        );
+        // Once the first hold ended, pulls are held again.
+        let t0 = Instant::now();
+        assert_eq!(pull(&mut c, "Held", 1, 0, 400).code, PULL_NOT_FOUND);
+        assert!(
+            t0.elapsed() >= Duration::from_millis(350),
+            "{network:?}: {:?}",
+            t0.elapsed()
+        );
+        node.shutdown().unwrap();
+    }
+}

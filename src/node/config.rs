@@ -61,6 +61,9 @@ pub struct NodeConfig {
     pub long_polling: bool,
     /// Longest a pull is held, whatever the client asks.
     pub max_suspend_ms: u64,
+    /// Most pulls held at once (each is a task, or a thread with `network = "threads"`);
+    /// beyond it a pull that finds nothing is answered at once.
+    pub max_held_pulls: usize,
     /// Most bytes of records in one pull response.
     pub pull_max_bytes: usize,
     /// Consumer offsets are written to disk this often (RocketMQ: 5 s).
@@ -99,6 +102,7 @@ impl Default for NodeConfig {
             idle_timeout_ms: 120_000,
             long_polling: true,
             max_suspend_ms: 30_000,
+            max_held_pulls: 10_000,
             pull_max_bytes: 8 << 20,
             offset_flush_interval_ms: 5_000,
             client_expiry_ms: 120_000,

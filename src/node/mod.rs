@@ -90,6 +90,8 @@ pub(crate) struct NodeState {
     pub metrics: Metrics,
     pub shutting: AtomicBool,
     pub next_queue: AtomicU64,
+    /// Pulls held right now (long polling), bounded by `max_held_pulls`.
+    pub held: Arc<AtomicUsize>,
     pub(crate) next_conn: AtomicU64,
     /// Connections open (both front ends).
     pub(crate) open: AtomicUsize,
@@ -213,6 +215,7 @@ impl Node {
             arrivals: Arrivals::default(),
             shutting: AtomicBool::new(false),
             next_queue: AtomicU64::new(0),
+            held: Arc::new(AtomicUsize::new(0)),
             next_conn: AtomicU64::new(1),
             open: AtomicUsize::new(0),
             net_stopped: AtomicBool::new(false),

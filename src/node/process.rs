@@ -27,6 +27,8 @@ pub(crate) enum Outcome {
 }
 
 pub(crate) struct Hold {
+    /// Counts this hold in `NodeState::held` while it lives.
+    _counted: HeldGuard,
     pub req: RemotingCommand,
     pub pull: PullArgs,
     /// The queue's arrival counter read before the first attempt.
@@ -54,6 +56,23 @@ fn local_owner(topic: &str, queue_id: i32) -> Option<crate::store::Store> {
             .filter(|ctx| ctx.owns(topic, queue_id))
             .map(|ctx| ctx.store.clone())
     })
+}
+
+/// Decrements the count of held pulls when a hold ends (answered or dropped).
+struct HeldGuard(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl HeldGuard {
+    /// Counts one more hold; returns the guard and the count before.
+    fn take(held: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> (HeldGuard, usize) {
+        let before = held.fetch_add(1, Ordering::SeqCst);
+        (HeldGuard(held.clone()), before)
+    }
+}
+
+impl Drop for HeldGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A refusal: response code and remark.
@@ -619,13 +638,18 @@ async fn pull_request(st: &NodeState, req: RemotingCommand) -> Outcome {
         && st.cfg.long_polling
         && !st.shutting.load(Ordering::SeqCst)
     {
-        let hold_ms = args.suspend_ms.min(st.cfg.max_suspend_ms);
-        return Outcome::Hold(Hold {
-            req,
-            pull: args,
-            seen,
-            deadline: Instant::now() + Duration::from_millis(hold_ms),
-        });
+        let (counted, before) = HeldGuard::take(&st.held);
+        // Beyond the limit the pull is answered at once (the guard un-counts it).
+        if before < st.cfg.max_held_pulls {
+            let hold_ms = args.suspend_ms.min(st.cfg.max_suspend_ms);
+            return Outcome::Hold(Hold {
+                _counted: counted,
+                req,
+                pull: args,
+                seen,
+                deadline: Instant::now() + Duration::from_millis(hold_ms),
+            });
+        }
     }
     Outcome::Reply(resp)
 }
