@@ -3,10 +3,13 @@
 //! kernel spreads new connections over the shards' sockets, see `listen.rs`) and
 //! serves its connections as glommio tasks with `glommio::net` (io_uring) I/O.
 //!
-//! Per connection: a reader task decodes frames and runs each request (requests for
-//! queues another shard owns travel there through the store's [`Handle`], as the
-//! library routes); a writer task drains a local channel of encoded responses, so a
-//! held pull answered later (its own task) never interleaves with another response.
+//! Per connection: a reader task decodes frames and spawns a task per request (at
+//! most 1024 in flight per connection). A request for a queue this shard owns calls
+//! the local store directly; one for another shard's queue travels there through the
+//! store's `Handle`, as the library routes. A writer task drains a bounded local
+//! channel of encoded responses, so a held pull answered later (its own task) never
+//! interleaves with another response, and a peer that stops reading stalls only its
+//! own requests.
 //!
 //! Shutdown: the node sends each shard a stop; the shard stops accepting, tells every
 //! reader to stop at its next frame boundary, and waits (up to 10 s) until the
