@@ -84,3 +84,26 @@ pub(crate) fn bind_group(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListen
     }
     Ok(all)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn group_sockets_share_the_port_but_not_the_open_file() {
+        let group = bind_group("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        let port = group[0].local_addr().unwrap().port();
+        assert!(group.iter().all(|l| l.local_addr().unwrap().port() == port));
+        // File status flags (O_NONBLOCK) belong to the open file: flipping them on
+        // one socket must not touch another shard's (glommio's accept flips them).
+        group[0].set_nonblocking(true).unwrap();
+        // SAFETY: F_GETFL on descriptors owned by `group`.
+        let flags = |l: &TcpListener| unsafe { libc::fcntl(l.as_raw_fd(), libc::F_GETFL) };
+        assert_ne!(flags(&group[0]) & libc::O_NONBLOCK, 0);
+        assert_eq!(flags(&group[1]) & libc::O_NONBLOCK, 0);
+        assert_eq!(flags(&group[2]) & libc::O_NONBLOCK, 0);
+        // Connections reach the group.
+        let _c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    }
+}
