@@ -1004,3 +1004,45 @@ fn held_pull_limit() {
         node.shutdown().unwrap();
     }
 }
+
+/// With `auto_create_topic = false`, unknown topics are refused until created.
+#[test]
+fn topics_must_exist_without_auto_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_with(dir.path(), Network::Shards, |c| c.auto_create_topic = false);
+    let mut ns = Client::connect(node.namesrv_addr.unwrap());
+    let mut c = Client::connect(node.broker_addr);
+    let r = ns.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", "Later")], b"");
+    assert_eq!(r.code, TOPIC_NOT_EXIST);
+    let r = c.call(SEND_MESSAGE, &[("topic", "Later"), ("queueId", "0")], b"x");
+    assert_eq!(r.code, TOPIC_NOT_EXIST, "{:?}", r.remark);
+    let r = c.call(
+        UPDATE_AND_CREATE_TOPIC,
+        &[
+            ("topic", "Later"),
+            ("readQueueNums", "2"),
+            ("writeQueueNums", "2"),
+        ],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS);
+    assert_eq!(
+        ns.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", "Later")], b"")
+            .code,
+        SUCCESS
+    );
+    send(&mut c, "Later", 1, "now", "t", "k");
+    let r = c.call(
+        UPDATE_AND_CREATE_TOPIC,
+        &[("topic", "Bad Topic"), ("readQueueNums", "2")],
+        b"",
+    );
+    assert_eq!(r.code, SYSTEM_ERROR);
+    let r = c.call(
+        UPDATE_AND_CREATE_TOPIC,
+        &[("topic", "Zero"), ("readQueueNums", "0")],
+        b"",
+    );
+    assert_eq!(r.code, SYSTEM_ERROR);
+    node.shutdown().unwrap();
+}
