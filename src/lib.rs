@@ -19,6 +19,8 @@ pub mod inspect;
 pub mod io;
 pub mod loadgen;
 pub mod message;
+pub mod node;
+pub mod remoting;
 pub mod shard;
 pub mod sim;
 pub mod store;

@@ -264,6 +264,12 @@ pub struct LoadConfig {
     /// stop and the unread messages are reported as a problem
     #[arg(long, default_value_t = 30.0)]
     pub drain_timeout: f64,
+    /// Drive a running node at HOST:PORT (its broker port) through RocketMQ's protocol
+    /// instead of an embedded store (see `coremq::node::bench`); uses --topics,
+    /// --queues, --body, --producers (connections), --outstanding, --duration or
+    /// --messages, --consumers (read back), --json, --label
+    #[arg(long, value_name = "HOST:PORT")]
+    pub target: Option<String>,
 }
 
 #[derive(clap::Parser)]

@@ -5,6 +5,9 @@
 //! * `coremq run`: the main job on an embedded default: opens a store in a data
 //!   directory, puts N messages with up to 256 puts outstanding, reads every queue
 //!   back and verifies every body, shuts down cleanly and prints a JSON summary.
+//! * `coremq serve`: a node speaking RocketMQ's remoting protocol (see `coremq::node`);
+//!   defaults, then `--config coremq.toml`, then the address flags; SIGINT/SIGTERM
+//!   shut it down cleanly.
 //! * `coremq bench`: the load generator (`coremq::loadgen`): producers and optional
 //!   tailing consumers on every shard; prints throughput, latency percentiles, CPU per
 //!   message and peak memory; `--json FILE` and `--svg FILE` write the report.
@@ -49,6 +52,28 @@ enum Cmd {
     /// Load generator: producers (and tailing consumers) on every shard; reports
     /// throughput, put and end-to-end latency percentiles, CPU per message, peak memory.
     Bench(Box<coremq::loadgen::LoadConfig>),
+    /// Serve RocketMQ's remoting protocol (broker and name-server ports) over a
+    /// store in a data directory, until SIGINT or SIGTERM.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    /// A TOML file overriding the defaults (see coremq.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Store directory [default: ./coremq-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Broker address [default: 127.0.0.1:10911].
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Name-server address [default: 127.0.0.1:9876].
+    #[arg(long)]
+    namesrv_listen: Option<std::net::SocketAddr>,
+    /// Prometheus metrics address [default: 127.0.0.1:9100].
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand)]
@@ -109,18 +134,32 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
-    init_tracing();
     let cli = Cli::parse();
+    let serve_cfg = match &cli.cmd {
+        Cmd::Serve(args) => match serve_config(args) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                init_tracing("info");
+                return fail(&e);
+            }
+        },
+        _ => None,
+    };
+    init_tracing(serve_cfg.as_ref().map_or("info", |c| c.log_level.as_str()));
+    if let Some(cfg) = serve_cfg {
+        return serve_cmd(cfg);
+    }
     match cli.cmd {
+        Cmd::Serve(_) => unreachable!("handled above"),
         Cmd::Inspect { what } => inspect_cmd(what),
         Cmd::Run(args) => run_cmd(args),
         Cmd::Bench(cfg) => bench_cmd(&cfg),
     }
 }
 
-fn init_tracing() {
+fn init_tracing(default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -190,9 +229,82 @@ fn fail(e: &dyn std::fmt::Display) -> ExitCode {
 }
 
 // ---------------------------------------------------------------------------------
+// serve
+
+/// Defaults, then the config file, then the flags.
+fn serve_config(args: &ServeArgs) -> coremq::Result<coremq::node::NodeConfig> {
+    let mut cfg = match &args.config {
+        Some(path) => coremq::node::NodeConfig::from_file(path)?,
+        None => coremq::node::NodeConfig::default(),
+    };
+    if let Some(d) = &args.data_dir {
+        cfg.data_dir = d.clone();
+    }
+    if let Some(a) = args.listen {
+        cfg.listen = a;
+    }
+    if let Some(a) = args.namesrv_listen {
+        cfg.namesrv_listen = a;
+    }
+    if let Some(a) = args.metrics_listen {
+        cfg.metrics_listen = a;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn serve_cmd(cfg: coremq::node::NodeConfig) -> ExitCode {
+    let handler = on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+    let node = match coremq::node::Node::start(cfg) {
+        Ok(n) => n,
+        Err(e) => return fail(&e),
+    };
+    while STOP_SIGNAL.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    tracing::info!(
+        signal = STOP_SIGNAL.load(std::sync::atomic::Ordering::SeqCst),
+        "stop signal received"
+    );
+    match node.shutdown() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+// ---------------------------------------------------------------------------------
 // bench
 
 fn bench_cmd(cfg: &coremq::loadgen::LoadConfig) -> ExitCode {
+    if let Some(target) = &cfg.target {
+        return match coremq::node::bench::run(cfg, target) {
+            Ok((report, good)) => {
+                if let Some(path) = &cfg.json {
+                    let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+                    if let Err(e) = std::fs::write(path, text + "\n") {
+                        return fail(&format!("cannot write {}: {e}", path.display()));
+                    }
+                }
+                if good {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => fail(&e),
+        };
+    }
     match coremq::loadgen::run_and_report(cfg) {
         Ok(report) if report.ok() => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(1),

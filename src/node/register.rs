@@ -1,0 +1,117 @@
+//! Joining an existing RocketMQ cluster: with `namesrv_addr` configured, the node
+//! registers itself (`REGISTER_BROKER`, 103) with each of those name servers at start
+//! and every `register_interval_ms` (RocketMQ: 30 s), naming its topics, so clients
+//! asking those name servers find this node.
+//!
+//! The body is RocketMQ's `RegisterBrokerBody` as JSON (uncompressed); the header
+//! carries `bodyCrc32` (CRC-32 of the body, as RocketMQ's `UtilAll.crc32`: the low 31
+//! bits), which name servers check.
+
+use super::NodeState;
+use crate::remoting::RemotingCommand;
+use crate::remoting::codes::REGISTER_BROKER;
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The `RegisterBrokerBody` JSON for this node's topics.
+pub(crate) fn register_body(st: &NodeState, version: u64) -> Vec<u8> {
+    let table: serde_json::Map<String, Value> = st
+        .topics
+        .snapshot()
+        .into_iter()
+        .map(|(name, c)| {
+            let v = json!({
+                "topicName": name,
+                "readQueueNums": c.read_queue_nums,
+                "writeQueueNums": c.write_queue_nums,
+                "perm": c.perm,
+                "topicFilterType": "SINGLE_TAG",
+                "topicSysFlag": 0,
+                "order": false,
+            });
+            (name, v)
+        })
+        .collect();
+    let body = json!({
+        "topicConfigSerializeWrapper": {
+            "topicConfigTable": table,
+            "dataVersion": {"timestamp": crate::now_ms(), "counter": version},
+        },
+        "filterServerList": [],
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// RocketMQ's `UtilAll.crc32`: CRC-32 with the sign bit cleared.
+fn crc31(bytes: &[u8]) -> i32 {
+    (crc32fast::hash(bytes) & 0x7FFF_FFFF) as i32
+}
+
+/// One registration with one name server; the response code.
+fn register_once(st: &NodeState, namesrv: &str, version: u64) -> Result<i32, String> {
+    let addr = namesrv
+        .to_socket_addrs()
+        .map_err(|e| format!("{namesrv}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{namesrv}: no address"))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+        .map_err(|e| format!("connect {namesrv}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let body = register_body(st, version);
+    let ha = std::net::SocketAddrV4::new(*st.broker_addr.ip(), st.broker_addr.port() + 1);
+    let f = |k: &str, v: String| (k.to_string(), v);
+    let req = RemotingCommand::request(
+        REGISTER_BROKER,
+        version as i32,
+        vec![
+            f("brokerAddr", st.broker_addr.to_string()),
+            f("brokerId", "0".into()),
+            f("brokerName", st.cfg.broker_name.clone()),
+            f("clusterName", st.cfg.cluster_name.clone()),
+            f("haServerAddr", ha.to_string()),
+            f("compressed", "false".into()),
+            f("bodyCrc32", crc31(&body).to_string()),
+        ],
+    )
+    .with_body(body);
+    s.write_all(&req.encode())
+        .map_err(|e| format!("write {namesrv}: {e}"))?;
+    let mut prefix = [0u8; 4];
+    s.read_exact(&mut prefix)
+        .map_err(|e| format!("read {namesrv}: {e}"))?;
+    let len = crate::remoting::check_length(prefix, 16 << 20).map_err(|e| e.to_string())?;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload)
+        .map_err(|e| format!("read {namesrv}: {e}"))?;
+    let resp = crate::remoting::decode_payload(payload.into()).map_err(|e| e.to_string())?;
+    Ok(resp.code)
+}
+
+/// Registers with every configured name server now and then periodically, until
+/// shutdown.
+pub(crate) fn register_loop(st: Arc<NodeState>) {
+    let every = Duration::from_millis(st.cfg.register_interval_ms.max(100));
+    let mut version = 0u64;
+    let mut next = Instant::now();
+    while !st.shutting.load(Ordering::SeqCst) {
+        if Instant::now() >= next {
+            version += 1;
+            for ns in &st.cfg.namesrv_addr {
+                match register_once(&st, ns, version) {
+                    Ok(0) => tracing::debug!(namesrv = %ns, "registered with the name server"),
+                    Ok(code) => {
+                        tracing::warn!(namesrv = %ns, code, "the name server refused the registration")
+                    }
+                    Err(e) => tracing::warn!(namesrv = %ns, error = %e, "cannot register"),
+                }
+            }
+            next = Instant::now() + every;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,301 @@
+//! Connections served on the shards (the default, `network = "shards"`): every shard
+//! executor accepts on its own broker and name-server sockets (`SO_REUSEPORT`: the
+//! kernel spreads new connections over the shards' sockets, see `listen.rs`) and
+//! serves its connections as glommio tasks with `glommio::net` (io_uring) I/O.
+//!
+//! Per connection: a reader task decodes frames and spawns a task per request (at
+//! most 1024 in flight per connection). A request for a queue this shard owns calls
+//! the local store directly; one for another shard's queue travels there through the
+//! store's `Handle`, as the library routes. A writer task drains a bounded local
+//! channel of encoded responses, so a held pull answered later (its own task) never
+//! interleaves with another response, and a peer that stops reading stalls only its
+//! own requests.
+//!
+//! Shutdown: the node sends each shard a stop; the shard stops accepting, tells every
+//! reader to stop at its next frame boundary, and waits (up to 10 s) until the
+//! connections' requests and held pulls have answered.
+
+use super::NodeState;
+use super::process::{self, Outcome, Waiting};
+use crate::remoting::{self, RemotingCommand};
+use crate::shard::ShardContext;
+use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::net::{TcpListener, TcpStream};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The shard front end: one thread per shard waits for its shard's serving job.
+pub(crate) struct ShardNet {
+    stops: Vec<flume::Sender<()>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ShardNet {
+    /// Starts serving on every shard: `groups` holds, per port, one listening socket
+    /// per shard (`SO_REUSEPORT`); shard `i` accepts on socket `i` of each.
+    pub(crate) fn start(
+        st: &Arc<NodeState>,
+        groups: Vec<Vec<std::net::TcpListener>>,
+    ) -> crate::Result<ShardNet> {
+        let shards = st.handle.shards();
+        let mut per_shard: Vec<Vec<RawFd>> = vec![Vec::new(); shards];
+        for group in groups {
+            if group.len() != shards {
+                return Err(crate::Error::Config(format!(
+                    "{} listening sockets for {shards} shards",
+                    group.len()
+                )));
+            }
+            for (i, l) in group.into_iter().enumerate() {
+                per_shard[i].push(l.into_raw_fd());
+            }
+        }
+        let mut net = ShardNet {
+            stops: Vec::new(),
+            threads: Vec::new(),
+        };
+        for (shard, fds) in per_shard.into_iter().enumerate() {
+            let (stop_tx, stop_rx) = flume::bounded(1);
+            let st2 = st.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("coremq-net-{shard}"))
+                .spawn(move || {
+                    let handle = st2.handle.clone();
+                    let job = handle.run_on(shard, move |ctx| serve_shard(ctx, st2, fds, stop_rx));
+                    if let Err(e) = futures_lite::future::block_on(job) {
+                        tracing::error!(shard, error = %e, "shard front end stopped");
+                    }
+                })
+                .map_err(|e| crate::Error::Config(format!("cannot start a thread: {e}")))?;
+            net.stops.push(stop_tx);
+            net.threads.push(t);
+        }
+        Ok(net)
+    }
+
+    /// Stops accepting and waits for every shard's connections to finish.
+    pub(crate) fn stop(&mut self) {
+        for s in self.stops.drain(..) {
+            let _ = s.send(());
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A shard-local stop signal with one waker per waiting task.
+#[derive(Default)]
+struct LocalStop {
+    stopped: Cell<bool>,
+    wakers: RefCell<HashMap<u64, Waker>>,
+}
+
+impl LocalStop {
+    fn trigger(&self) {
+        self.stopped.set(true);
+        let wakers: Vec<Waker> = self.wakers.borrow_mut().drain().map(|(_, w)| w).collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Resolves once stopped; `id` names the waiting task (one waker kept per task).
+    fn wait(&self, id: u64) -> impl Future<Output = ()> + '_ {
+        futures_lite::future::poll_fn(move |cx| {
+            if self.stopped.get() {
+                Poll::Ready(())
+            } else {
+                self.wakers.borrow_mut().insert(id, cx.waker().clone());
+                Poll::Pending
+            }
+        })
+    }
+
+    fn forget(&self, id: u64) {
+        self.wakers.borrow_mut().remove(&id);
+    }
+}
+
+/// Requests of one connection processed at once (held pulls not counted).
+const MAX_IN_FLIGHT: u64 = 1024;
+
+/// Encoded responses waiting for a connection's writer.
+const RESPONSES_QUEUED: usize = 64;
+
+/// Ids of accept loops (connections count up from 1).
+const ACCEPT_ID_BASE: u64 = u64::MAX - 64;
+
+async fn serve_shard(
+    ctx: ShardContext,
+    st: Arc<NodeState>,
+    fds: Vec<RawFd>,
+    stop_rx: flume::Receiver<()>,
+) {
+    process::set_local_shard(Some(ctx));
+    let stop = Rc::new(LocalStop::default());
+    let open = Rc::new(Cell::new(0usize));
+    for (k, fd) in fds.into_iter().enumerate() {
+        // SAFETY: `fd` is a listening socket handed to this shard alone.
+        let listener = unsafe { TcpListener::from_raw_fd(fd) };
+        let (st, stop, open) = (st.clone(), stop.clone(), open.clone());
+        glommio::spawn_local(accept_loop(
+            st,
+            listener,
+            stop,
+            open,
+            ACCEPT_ID_BASE + k as u64,
+        ))
+        .detach();
+    }
+    let _ = stop_rx.recv_async().await;
+    stop.trigger();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open.get() > 0 && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+    process::set_local_shard(None);
+}
+
+async fn accept_loop(
+    st: Arc<NodeState>,
+    listener: TcpListener,
+    stop: Rc<LocalStop>,
+    open: Rc<Cell<usize>>,
+    id: u64,
+) {
+    loop {
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            stop.wait(id).await;
+            None
+        })
+        .await;
+        let stream = match accepted {
+            None => return,
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "accept failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if !st.try_open_connection() {
+            continue;
+        }
+        let conn = st.next_conn.fetch_add(1, Ordering::Relaxed);
+        open.set(open.get() + 1);
+        let (st, stop, open) = (st.clone(), stop.clone(), open.clone());
+        glommio::spawn_local(async move {
+            serve_connection(&st, conn, stream, &stop).await;
+            stop.forget(conn);
+            st.clients.connection_closed(conn);
+            st.open.fetch_sub(1, Ordering::SeqCst);
+            open.set(open.get() - 1);
+        })
+        .detach();
+    }
+}
+
+enum Read {
+    Frame(RemotingCommand),
+    Closed,
+    Malformed(remoting::FrameError),
+    Stop,
+}
+
+async fn read_frame<R: futures_lite::AsyncRead + Unpin>(r: &mut R, max: usize) -> Read {
+    let mut prefix = [0u8; 4];
+    if r.read_exact(&mut prefix).await.is_err() {
+        return Read::Closed;
+    }
+    let len = match remoting::check_length(prefix, max) {
+        Ok(l) => l,
+        Err(e) => return Read::Malformed(e),
+    };
+    // Memory grows with the bytes that arrive, not with the length a peer declares.
+    let mut payload = Vec::with_capacity(len.min(remoting::INITIAL_FRAME_BUFFER));
+    match r.take(len as u64).read_to_end(&mut payload).await {
+        Ok(n) if n == len => {}
+        _ => return Read::Closed,
+    }
+    match remoting::decode_payload(payload.into()) {
+        Ok(c) => Read::Frame(c),
+        Err(e) => Read::Malformed(e),
+    }
+}
+
+async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, stop: &LocalStop) {
+    let peer = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(st.cfg.idle_timeout()));
+    let (mut rd, mut wr) = futures_lite::io::split(stream);
+    // Bounded: a peer that stops reading stalls its own requests, not the node's memory.
+    let (tx, rx) = local_channel::new_bounded::<Vec<u8>>(RESPONSES_QUEUED);
+    let tx: Rc<LocalSender<Vec<u8>>> = Rc::new(tx);
+    let writer = glommio::spawn_local(async move {
+        while let Some(bytes) = rx.recv().await {
+            if wr.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.close().await;
+    });
+    let inflight = Rc::new(glommio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    tracing::debug!(%peer, conn, "connection open");
+    loop {
+        let read = futures_lite::future::or(read_frame(&mut rd, st.cfg.max_frame_bytes), async {
+            stop.wait(conn).await;
+            Read::Stop
+        })
+        .await;
+        let req = match read {
+            Read::Frame(req) => req,
+            Read::Closed | Read::Stop => break,
+            Read::Malformed(e) => {
+                st.metrics.bad_frames.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, conn, error = %e, "malformed frame; closing the connection");
+                break;
+            }
+        };
+        if req.is_response() {
+            continue;
+        }
+        // Requests of one connection run concurrently (answered by opaque, as
+        // RocketMQ's processor pools do), at most MAX_IN_FLIGHT at once.
+        let Ok(permit) = inflight.acquire_static_permit(1).await else {
+            break;
+        };
+        let (st, tx) = (st.clone(), tx.clone());
+        glommio::spawn_local(async move {
+            let _permit = permit;
+            match process::process(&st, req, conn, peer).await {
+                Outcome::Reply(resp) => {
+                    let _ = tx.send(resp.encode()).await;
+                }
+                Outcome::NoReply => {}
+                Outcome::Hold(hold) => {
+                    drop(_permit);
+                    let resp = process::serve_hold(&st, hold, Waiting::Glommio).await;
+                    let _ = tx.send(resp.encode()).await;
+                }
+            }
+        })
+        .detach();
+    }
+    // The writer ends once every held pull of this connection has answered.
+    drop(tx);
+    drop(rd);
+    writer.await;
+}

@@ -1,0 +1,418 @@
+//! What the node keeps beside the store: topic settings, consumer offsets, the
+//! clients of each consumer group, message arrivals (for long polling) and counters.
+//! All of it is small and shared by the connection threads behind mutexes.
+
+use crate::error::{Error, Result};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Locks, taking the data even if a thread panicked while holding it (every value
+/// here stays consistent between statements).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes `value` as JSON to `path` through a temporary file and a rename.
+fn write_json(path: &Path, value: &Value) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create dir", dir, 0, e))?;
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec_pretty(value).unwrap_or_default();
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| Error::io("write", path, 0, e))
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("read", path, 0, e)),
+    }
+}
+
+/// RocketMQ's topic permission bits.
+pub const PERM_READ: i32 = 4;
+pub const PERM_WRITE: i32 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicConf {
+    pub read_queue_nums: i32,
+    pub write_queue_nums: i32,
+    pub perm: i32,
+}
+
+/// Topics and their queue counts, persisted as `config/topics.json`
+/// (RocketMQ's `topicConfigTable` shape).
+pub struct Topics {
+    path: PathBuf,
+    table: Mutex<BTreeMap<String, TopicConf>>,
+}
+
+impl Topics {
+    pub fn load(config_dir: &Path) -> Result<Topics> {
+        let path = config_dir.join("topics.json");
+        let mut table = BTreeMap::new();
+        if let Some(v) = read_json(&path)?
+            && let Some(t) = v.get("topicConfigTable").and_then(Value::as_object)
+        {
+            {
+                for (name, c) in t {
+                    let n = |k: &str| c.get(k).and_then(Value::as_i64).unwrap_or(0) as i32;
+                    table.insert(
+                        name.clone(),
+                        TopicConf {
+                            read_queue_nums: n("readQueueNums"),
+                            write_queue_nums: n("writeQueueNums"),
+                            perm: n("perm"),
+                        },
+                    );
+                }
+            }
+        }
+        Ok(Topics {
+            path,
+            table: Mutex::new(table),
+        })
+    }
+
+    pub fn get(&self, topic: &str) -> Option<TopicConf> {
+        lock(&self.table).get(topic).copied()
+    }
+
+    /// Creates or replaces a topic's settings and persists the table.
+    pub fn put(&self, topic: &str, conf: TopicConf) -> Result<()> {
+        let snapshot = {
+            let mut t = lock(&self.table);
+            t.insert(topic.to_string(), conf);
+            self.to_json(&t)
+        };
+        write_json(&self.path, &snapshot)
+    }
+
+    /// Every topic and its settings.
+    pub fn snapshot(&self) -> Vec<(String, TopicConf)> {
+        lock(&self.table)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    fn to_json(&self, t: &BTreeMap<String, TopicConf>) -> Value {
+        let table: serde_json::Map<String, Value> = t
+            .iter()
+            .map(|(name, c)| {
+                (
+                    name.clone(),
+                    json!({"topicName": name, "readQueueNums": c.read_queue_nums,
+                           "writeQueueNums": c.write_queue_nums, "perm": c.perm}),
+                )
+            })
+            .collect();
+        json!({ "topicConfigTable": table })
+    }
+}
+
+/// Consumer offsets by `topic@group` and queue, persisted as
+/// `config/consumerOffset.json` (RocketMQ's `offsetTable` shape).
+pub struct Offsets {
+    path: PathBuf,
+    table: Mutex<BTreeMap<String, BTreeMap<i32, u64>>>,
+    dirty: AtomicBool,
+}
+
+impl Offsets {
+    pub fn load(config_dir: &Path) -> Result<Offsets> {
+        let path = config_dir.join("consumerOffset.json");
+        let mut table = BTreeMap::new();
+        if let Some(v) = read_json(&path)?
+            && let Some(t) = v.get("offsetTable").and_then(Value::as_object)
+        {
+            {
+                for (key, queues) in t {
+                    let mut m = BTreeMap::new();
+                    for (q, o) in queues.as_object().into_iter().flatten() {
+                        if let (Ok(q), Some(o)) = (q.parse::<i32>(), o.as_u64()) {
+                            m.insert(q, o);
+                        }
+                    }
+                    table.insert(key.clone(), m);
+                }
+            }
+        }
+        Ok(Offsets {
+            path,
+            table: Mutex::new(table),
+            dirty: AtomicBool::new(false),
+        })
+    }
+
+    fn key(topic: &str, group: &str) -> String {
+        format!("{topic}@{group}")
+    }
+
+    pub fn get(&self, group: &str, topic: &str, queue_id: i32) -> Option<u64> {
+        lock(&self.table)
+            .get(&Self::key(topic, group))
+            .and_then(|m| m.get(&queue_id).copied())
+    }
+
+    pub fn set(&self, group: &str, topic: &str, queue_id: i32, offset: u64) {
+        lock(&self.table)
+            .entry(Self::key(topic, group))
+            .or_default()
+            .insert(queue_id, offset);
+        self.dirty.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes the table when it changed since the last write.
+    pub fn persist(&self) -> Result<()> {
+        if !self.dirty.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let snapshot = {
+            let t = lock(&self.table);
+            let table: serde_json::Map<String, Value> = t
+                .iter()
+                .map(|(k, m)| {
+                    let qs: serde_json::Map<String, Value> =
+                        m.iter().map(|(q, o)| (q.to_string(), json!(o))).collect();
+                    (k.clone(), Value::Object(qs))
+                })
+                .collect();
+            json!({ "offsetTable": table })
+        };
+        let r = write_json(&self.path, &snapshot);
+        if r.is_err() {
+            self.dirty.store(true, Ordering::SeqCst);
+        }
+        r
+    }
+}
+
+/// A group's members: client id -> (connection id, last heartbeat).
+type Members = HashMap<String, (u64, Instant)>;
+
+/// Consumer group members, by the connection that registered them.
+#[derive(Default)]
+pub struct Clients {
+    /// group -> client id -> (connection id, last heartbeat).
+    groups: Mutex<HashMap<String, Members>>,
+}
+
+impl Clients {
+    pub fn heartbeat(&self, conn: u64, client_id: &str, groups: &[String]) {
+        let now = Instant::now();
+        let mut g = lock(&self.groups);
+        for group in groups {
+            g.entry(group.clone())
+                .or_default()
+                .insert(client_id.to_string(), (conn, now));
+        }
+    }
+
+    pub fn unregister(&self, client_id: &str, group: &str) {
+        let mut g = lock(&self.groups);
+        if let Some(m) = g.get_mut(group) {
+            m.remove(client_id);
+            if m.is_empty() {
+                g.remove(group);
+            }
+        }
+    }
+
+    /// Forgets every client registered through connection `conn`.
+    pub fn connection_closed(&self, conn: u64) {
+        self.retain(|c, _| c != conn);
+    }
+
+    /// Forgets clients silent for longer than `expiry`.
+    pub fn expire(&self, expiry: Duration) {
+        self.retain(|_, seen| seen.elapsed() <= expiry);
+    }
+
+    fn retain(&self, keep: impl Fn(u64, Instant) -> bool) {
+        let mut g = lock(&self.groups);
+        for m in g.values_mut() {
+            m.retain(|_, (c, seen)| keep(*c, *seen));
+        }
+        g.retain(|_, m| !m.is_empty());
+    }
+
+    /// The group's client ids, sorted (every member must see the same order).
+    pub fn members(&self, group: &str) -> Vec<String> {
+        let g = lock(&self.groups);
+        let mut ids: Vec<String> = g
+            .get(group)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    }
+}
+
+/// A queue's arrival counter and the held pulls waiting for it to move.
+type QueueWaiters = (u64, Vec<flume::Sender<()>>);
+
+/// Arrival counters per queue, and the held pulls waiting on each: a held pull
+/// subscribes with the counter it saw and is signalled when it moves.
+#[derive(Default)]
+pub struct Arrivals {
+    queues: Mutex<HashMap<(String, i32), QueueWaiters>>,
+}
+
+impl Arrivals {
+    pub fn seq(&self, topic: &str, queue_id: i32) -> u64 {
+        lock(&self.queues)
+            .get(&(topic.to_string(), queue_id))
+            .map_or(0, |(seq, _)| *seq)
+    }
+
+    /// A receiver signalled at the next arrival, or at once when the counter has
+    /// already moved past `seen`.
+    pub fn subscribe(&self, topic: &str, queue_id: i32, seen: u64) -> flume::Receiver<()> {
+        let (tx, rx) = flume::bounded(1);
+        let mut q = lock(&self.queues);
+        let (seq, waiters) = q.entry((topic.to_string(), queue_id)).or_default();
+        if *seq != seen {
+            let _ = tx.try_send(());
+        } else {
+            // Waiters that gave up (timed out) are dropped here.
+            waiters.retain(|w| !w.is_disconnected());
+            waiters.push(tx);
+        }
+        rx
+    }
+
+    pub fn arrived(&self, topic: &str, queue_id: i32) {
+        let mut q = lock(&self.queues);
+        let (seq, waiters) = q.entry((topic.to_string(), queue_id)).or_default();
+        *seq += 1;
+        for w in waiters.drain(..) {
+            let _ = w.try_send(());
+        }
+    }
+
+    /// Signals every waiter (shutdown).
+    pub fn wake_all(&self) {
+        for (_, waiters) in lock(&self.queues).values_mut() {
+            for w in waiters.drain(..) {
+                let _ = w.try_send(());
+            }
+        }
+    }
+}
+
+/// Counters for `/metrics`, per shard.
+pub struct Metrics {
+    pub puts: Vec<AtomicU64>,
+    pub put_bytes: Vec<AtomicU64>,
+    pub gets: Vec<AtomicU64>,
+    pub get_bytes: Vec<AtomicU64>,
+    pub requests: AtomicU64,
+    pub connections_accepted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub bad_frames: AtomicU64,
+}
+
+impl Metrics {
+    pub fn new(shards: usize) -> Metrics {
+        let v = || (0..shards).map(|_| AtomicU64::new(0)).collect();
+        Metrics {
+            puts: v(),
+            put_bytes: v(),
+            gets: v(),
+            get_bytes: v(),
+            requests: AtomicU64::new(0),
+            connections_accepted: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            bad_frames: AtomicU64::new(0),
+        }
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self, connections_open: usize) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let per_shard = |out: &mut String, name: &str, help: &str, v: &[AtomicU64]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (i, c) in v.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", c.load(Ordering::Relaxed));
+            }
+        };
+        per_shard(
+            &mut out,
+            "coremq_puts_total",
+            "Messages stored.",
+            &self.puts,
+        );
+        per_shard(
+            &mut out,
+            "coremq_put_bytes_total",
+            "Body bytes stored.",
+            &self.put_bytes,
+        );
+        per_shard(
+            &mut out,
+            "coremq_gets_total",
+            "Messages returned by pulls.",
+            &self.gets,
+        );
+        per_shard(
+            &mut out,
+            "coremq_get_bytes_total",
+            "Record bytes returned by pulls.",
+            &self.get_bytes,
+        );
+        let one = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        };
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        one(
+            &mut out,
+            "coremq_requests_total",
+            "counter",
+            "Requests served.",
+            load(&self.requests),
+        );
+        one(
+            &mut out,
+            "coremq_connections_accepted_total",
+            "counter",
+            "Connections accepted.",
+            load(&self.connections_accepted),
+        );
+        one(
+            &mut out,
+            "coremq_connections_refused_total",
+            "counter",
+            "Connections refused at the limit.",
+            load(&self.connections_refused),
+        );
+        one(
+            &mut out,
+            "coremq_bad_frames_total",
+            "counter",
+            "Connections closed for a malformed frame.",
+            load(&self.bad_frames),
+        );
+        one(
+            &mut out,
+            "coremq_connections_open",
+            "gauge",
+            "Connections open.",
+            connections_open as u64,
+        );
+        out
+    }
+}
