@@ -1017,7 +1017,6 @@ fn query_calls_with_bad_arguments_get_exact_answers() {
                 format!("{r:?}"),
             );
         }
-        drop(expect);
         if let Err(e) = still_serves(&store, &mut kept, &mut n).await {
             failures.push(format!("after the table: {e}"));
         }

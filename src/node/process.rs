@@ -326,6 +326,10 @@ fn put_code(status: PutStatus) -> (i32, Option<String>) {
             SERVICE_NOT_AVAILABLE,
             Some("service not available now: the store is shutting down or failed".into()),
         ),
+        PutStatus::DiskFull => (
+            SERVICE_NOT_AVAILABLE,
+            Some("service not available now: the broker's disk is full (over disk_full_ratio or under disk_min_free_bytes)".into()),
+        ),
         PutStatus::CreateMappedFileFailed => (
             SYSTEM_ERROR,
             Some("create mapped file failed, server is busy or broken".into()),
