@@ -765,6 +765,13 @@ impl CommitLog {
         self.writer_wake.notify();
     }
 
+    /// Whether `off` lies in a window held in memory (a read there copies, no I/O).
+    pub fn is_resident(&self, off: u64) -> bool {
+        let w = self.windows.borrow();
+        let idx = off / self.win_bytes;
+        idx >= w.first && idx < w.first + w.resident.len() as u64
+    }
+
     /// Reads `[off, off+len)`: resident windows from memory, the rest from files.
     pub async fn read(&self, off: u64, len: usize) -> Result<Bytes> {
         let end = off + len as u64;

@@ -1042,8 +1042,6 @@ impl Inner {
         Ok(())
     }
 
-    /// Reads the records of `entries` (ascending log offsets within one queue),
-    /// merging nearby ones into one read when the span wastes at most 3x `needed`.
     /// Reads the records of `entries` (queue offset, entry) and verifies each one:
     /// checksums, and that it is the record of this queue position, so damaged bytes
     /// or a damaged queue entry give `Error::Corrupt`, never another message.
@@ -1061,7 +1059,10 @@ impl Inner {
             let start = entries[i].1.phys_offset as u64;
             let mut j = i + 1;
             let mut end = start + entries[i].1.size as u64;
-            while j < entries.len() {
+            // A record in memory is copied alone: merging only saves disk reads, and a
+            // span of interleaved queues would copy up to 4x the bytes asked for.
+            let resident = self.log.is_resident(start);
+            while j < entries.len() && !resident {
                 let e = &entries[j].1;
                 let e_end = e.phys_offset as u64 + e.size as u64;
                 if (e.phys_offset as u64) < end || e_end - start > budget {
