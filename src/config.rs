@@ -91,6 +91,10 @@ pub struct StoreConfig {
     pub query_max: usize,
     /// Where the files live: the real file system, or a simulated disk for tests.
     pub disk: crate::io::Disk,
+    /// Puts wait while the dispatcher (consume queues, key index) is more than this
+    /// many log bytes behind (0: never): bounds how stale consumers and key queries
+    /// can be and how long a shutdown takes. RocketMQ has no such bound.
+    pub max_dispatch_lag_bytes: u64,
     /// Check free space before puts (the two watermarks below). Off only for tests of
     /// what a real write error does.
     pub disk_space_check: bool,
@@ -141,6 +145,7 @@ impl StoreConfig {
             query_default_max: 32,
             query_max: 64,
             disk: crate::io::Disk::Real,
+            max_dispatch_lag_bytes: 256 << 20,
             disk_space_check: true,
             disk_full_ratio: 0.90,
             disk_min_free_bytes: None,

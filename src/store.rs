@@ -346,6 +346,19 @@ impl Store {
         if inner.cfg.disk_space_check && !inner.disk_has_room(total) {
             return PutResult::refused(PutStatus::DiskFull);
         }
+        // Backpressure: when dispatch (queues, key index) falls too far behind the log,
+        // puts wait for it, so consumers see messages within a bounded lag and a
+        // shutdown never has a long backlog to work off.
+        let max_lag = inner.cfg.max_dispatch_lag_bytes;
+        let written = inner.log.written();
+        if max_lag > 0 && written.saturating_sub(inner.dispatched.get()) > max_lag {
+            inner.dispatch_wake.notify();
+            if !inner.dispatched.wait_for(written - max_lag / 2).await
+                || inner.state.get() != State::Running
+            {
+                return PutResult::refused(PutStatus::ServiceNotAvailable);
+            }
+        }
         if let Err(e) = inner.log.reserve(total).await {
             tracing::debug!(error = %e, "put refused");
             return PutResult::refused(PutStatus::ServiceNotAvailable);

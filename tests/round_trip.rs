@@ -106,3 +106,38 @@ fn sync_flush_timeout_is_reported() {
         store.shutdown().await.unwrap();
     });
 }
+
+/// Puts wait while dispatch is more than `max_dispatch_lag_bytes` behind the log, so
+/// the lag consumers and key queries see stays bounded however fast a producer runs.
+#[test]
+fn dispatch_lag_is_bounded_by_backpressure() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    run(move || async move {
+        let mut cfg = StoreConfig::small_for_tests(&root);
+        cfg.flush_mode = FlushMode::Async;
+        cfg.max_dispatch_lag_bytes = 64 << 10;
+        let store = Store::open(cfg.clone()).await.unwrap();
+        let mut worst = 0;
+        for i in 0..3000u64 {
+            let r = store.put(msg("Lag", (i % 4) as i32, i)).await;
+            assert_eq!(r.status, PutStatus::PutOk);
+            let lag = store.max_log_offset() - store.dispatched_log_offset();
+            worst = worst.max(lag);
+            // The put's record, and the blank that may end a segment before it.
+            assert!(
+                lag <= cfg.max_dispatch_lag_bytes + 2 * r.wrote_bytes as u64 + 64,
+                "put {i}: dispatch {lag} bytes behind"
+            );
+        }
+        assert!(
+            worst > cfg.max_dispatch_lag_bytes / 2,
+            "dispatch lagged at most {worst}: the bound was not exercised"
+        );
+        store.wait_dispatched().await;
+        for q in 0..4 {
+            assert_eq!(read_all(&store, "Lag", q).await.len(), 750);
+        }
+        store.shutdown().await.unwrap();
+    });
+}
