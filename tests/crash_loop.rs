@@ -860,10 +860,11 @@ fn crash_loop(cycles: usize, seed: u64) -> Stats {
             }
             v
         };
-        if v.corrupt == 0 && v.state.is_some() {
-            if let Some(report) = inspect_check(&root) {
-                v.fail(true, None, report);
-            }
+        if v.corrupt == 0
+            && v.state.is_some()
+            && let Some(report) = inspect_check(&root)
+        {
+            v.fail(true, None, report);
         }
         lost_keys.extend(v.lost.iter().cloned());
         stats.corrupt += v.corrupt;
