@@ -105,6 +105,7 @@ impl ConsumeQueue {
     /// `log_min`. Dropped entries are erased on disk before this returns.
     pub async fn load(&self, log_min: u64, log_end: u64) -> Result<()> {
         let (named, _) = self.disk.list_offset_files(&self.dir)?;
+        let last_pos = named.last().map(|(pos, _)| *pos);
         for (byte_pos, path) in named {
             if byte_pos % self.file_bytes != 0 {
                 return Err(Error::BadLayout {
@@ -118,9 +119,20 @@ impl ConsumeQueue {
             let f = self.disk.open(&path, false).await?;
             let size = f.size().await?;
             // Our own flush may leave the last page reaching past the exact size (a
-            // crash before the cut), and a crash during creation leaves an empty file.
-            // Any other size means the store was written with another file size.
-            if size == 0 || (size > self.file_bytes && size <= align_up(self.file_bytes)) {
+            // crash before the cut), a crash during creation leaves an empty file, and
+            // a crash inside a previous `load` (between cutting the last file back
+            // after its tail page and extending it again, below) leaves the last file
+            // short by whole pages, all its entries still in it: extending it gives
+            // the zeros that cut was making. Any other size means the store was
+            // written with another file size (a last file alone cannot tell: it is
+            // then used at this store's size, its entries where they were).
+            let cut_short = Some(byte_pos) == last_pos
+                && size < self.file_bytes
+                && size.is_multiple_of(PAGE as u64);
+            if size == 0
+                || cut_short
+                || (size > self.file_bytes && size <= align_up(self.file_bytes))
+            {
                 f.truncate(self.file_bytes).await?;
             } else if size != self.file_bytes {
                 return Err(Error::BadLayout {
@@ -202,13 +214,24 @@ impl ConsumeQueue {
         let prefix = file.read(page_pos, (byte_end - page_pos) as usize).await?;
         let prefix = prefix[..].to_vec();
         if n < self.entries_per_file {
-            file.truncate(page_pos).await?;
-            file.truncate(self.file_bytes).await?;
+            // Erase whatever follows the last valid entry without ever taking a valid
+            // entry off the disk, since a crash may stop this at any step: first
+            // rewrite the tail page (its entries, then zeros), then drop the pages
+            // after it by cutting the file back to the end of that page and extending
+            // it again. A crash between the two leaves the last file short by whole
+            // pages, which the next load accepts (see above).
+            let mut keep = page_pos;
             if !prefix.is_empty() {
                 let mut page = vec![0u8; PAGE];
                 page[..prefix.len()].copy_from_slice(&prefix);
                 file.write_aligned(page_pos, &page).await?;
+                keep = page_pos + PAGE as u64;
             }
+            if keep < self.file_bytes {
+                file.truncate(keep).await?;
+            }
+            // Also cuts back a tail page that reached past the file's exact size.
+            file.truncate(self.file_bytes).await?;
             file.sync().await?;
             self.tails.borrow_mut().insert(
                 first,
@@ -435,6 +458,49 @@ mod tests {
                     assert_eq!(cq3.entry(q).await.unwrap(), Some(entry(q)));
                 }
                 assert_eq!(cq3.put(2000, entry(2000), false), Placed::Appended);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// A kill inside `load`, between cutting the last file back after its tail page
+    /// and extending it again, leaves the file short by whole pages (found by the
+    /// crash loop, tests/crash_loop.rs): the next load must take it, entries intact.
+    #[test]
+    fn load_accepts_a_last_file_cut_short_by_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                crate::io::prime_executor(&root).await.unwrap();
+                let cq = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
+                for i in 0..2500u64 {
+                    assert_eq!(cq.put(i, entry(i), false), Placed::Appended);
+                }
+                cq.flush().await.unwrap();
+                let qdir = root.join("consumequeue/T/0");
+                let last = qdir.join(io::offset_name(2000 * E));
+                // 500 entries (10,000 bytes): the tail page is [8192, 12288).
+                let set_len = |path: &std::path::Path, len: u64| {
+                    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                    f.set_len(len).unwrap();
+                };
+                set_len(&last, 3 * PAGE as u64);
+                let cq2 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
+                cq2.load(0, u64::MAX).await.unwrap();
+                assert_eq!(cq2.max_offset(), 2500);
+                assert_eq!(std::fs::metadata(&last).unwrap().len(), 1000 * E);
+                for q in (0..2500).step_by(97) {
+                    assert_eq!(cq2.entry(q).await.unwrap(), Some(entry(q)));
+                }
+                // A short file that is not the last one is still refused.
+                set_len(&qdir.join(io::offset_name(1000 * E)), 2 * PAGE as u64);
+                let cq3 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
+                assert!(matches!(
+                    cq3.load(0, u64::MAX).await,
+                    Err(Error::BadLayout { .. })
+                ));
             })
             .unwrap()
             .join()

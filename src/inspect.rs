@@ -813,6 +813,19 @@ struct QueueTrack {
 /// Verifies the store at `root` (see module docs). `Err` only when files cannot be
 /// read at all; everything wrong with their contents is in the report.
 pub fn check(root: &Path) -> Result<CheckReport> {
+    check_root(&Root {
+        shard: None,
+        path: root.to_path_buf(),
+    })
+}
+
+/// [`check`] for one root of [`roots`]. A shard's log starts at its base offset
+/// (`shard << SHARD_SHIFT`), so an empty shard's checkpoint rightly points there.
+pub fn check_root(root: &Root) -> Result<CheckReport> {
+    let base = root
+        .shard
+        .map_or(0, |s| (s as u64) << crate::shard::SHARD_SHIFT);
+    let root = root.path.as_path();
     let log = LogFiles::open(root)?;
     let mut rep = CheckReport {
         log_min: log.min_offset(),
@@ -829,6 +842,11 @@ pub fn check(root: &Path) -> Result<CheckReport> {
         None => Undispatched::Nothing,
     };
     check_log(&log, &spans, tail, &mut rep)?;
+    if log.segments().is_empty() {
+        // No segment yet: the log is empty where this root's log begins.
+        rep.log_min = base;
+        rep.log_end = base;
+    }
     if let Some((c, true)) = cp {
         check_checkpoint(&c, &spans, &mut rep);
     }
@@ -1121,7 +1139,7 @@ pub fn print_queue(
 pub fn print_check(dir: &Path, out: &mut impl Write) -> Result<bool> {
     let mut clean = true;
     for root in roots(dir)? {
-        let rep = check(&root.path)?;
+        let rep = check_root(&root)?;
         clean &= rep.is_clean();
         emit(out, root.shard, rep.to_json()).map_err(out_err)?;
     }

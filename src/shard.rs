@@ -517,7 +517,7 @@ impl Handle {
     async fn ask<T>(&self, shard: usize, make: impl FnOnce(Reply<T>) -> Request) -> Result<T> {
         let (rtx, rrx) = flume::bounded(1);
         self.send(shard, make(rtx)).await?;
-        rrx.recv_async().await.map_err(|_| gone(shard))
+        reply_from(&rrx, shard).await
     }
 
     /// Stores one message on the shard that owns its queue.
@@ -726,7 +726,20 @@ impl Handle {
             })
         });
         self.send(shard, Request::Run(job)).await?;
-        rx.recv_async().await.map_err(|_| gone(shard))
+        reply_from(&rx, shard).await
+    }
+}
+
+/// Waits for a shard's reply. flume 0.10's `recv_async` can answer `Disconnected`
+/// while the reply sits in the channel, when the sender sends and drops between two
+/// of its checks (zesterer/flume#120, fixed in flume 0.11): a request that was served
+/// looked like a dead shard (found by tests/crash_loop.rs, a `query_by_key` failing
+/// with "shard 1 is unavailable" while every shard was up). Look once more before
+/// calling the shard gone.
+async fn reply_from<T>(rx: &flume::Receiver<T>, shard: usize) -> Result<T> {
+    match rx.recv_async().await {
+        Ok(v) => Ok(v),
+        Err(_) => rx.try_recv().map_err(|_| gone(shard)),
     }
 }
 

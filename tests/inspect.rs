@@ -406,6 +406,29 @@ fn shard_directories_are_inspected_one_by_one() {
     assert_eq!(lines.last().unwrap()["shard"], 1);
 }
 
+/// A shard that never got a record: its log and checkpoint start at the shard's base
+/// offset (`i << 56`), not at 0, and that is clean (found by tests/crash_loop.rs).
+#[test]
+fn empty_shards_check_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = coremq::ShardedConfig::new(dir.path());
+    cfg.shards = 3;
+    cfg.store = StoreConfig::small_for_tests(dir.path());
+    coremq::ShardedStore::open(cfg).unwrap().shutdown().unwrap();
+    let out = coremq(&["inspect", "check"], dir.path());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3);
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["log_end"], (i as u64) << 56);
+    }
+}
+
 #[test]
 fn run_command_verifies_and_leaves_a_clean_store() {
     let dir = tempfile::tempdir().unwrap();
