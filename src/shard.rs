@@ -734,8 +734,8 @@ impl Handle {
 /// while the reply sits in the channel, when the sender sends and drops between two
 /// of its checks (zesterer/flume#120, fixed in flume 0.11): a request that was served
 /// looked like a dead shard (found by tests/crash_loop.rs, a `query_by_key` failing
-/// with "shard 1 is unavailable" while every shard was up). Look once more before
-/// calling the shard gone.
+/// with "shard 1 is unavailable" while every shard was up). coremq now uses flume
+/// 0.11; the second look stays as a cheap guard before calling the shard gone.
 async fn reply_from<T>(rx: &flume::Receiver<T>, shard: usize) -> Result<T> {
     match rx.recv_async().await {
         Ok(v) => Ok(v),
