@@ -487,6 +487,37 @@ fn route_send_pull_offsets_queries(network: Network) {
     let mut text = String::new();
     m.read_to_string(&mut text).unwrap();
     assert!(text.contains("coremq_puts_total{shard="), "{text}");
+    // Put latency histogram: the +Inf bucket counts every put of that shard.
+    let inf: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("coremq_put_latency_seconds_bucket") && l.contains("le=\"+Inf\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    let puts: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("coremq_puts_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        inf > 0 && inf <= puts,
+        "latency count {inf}, puts {puts}\n{text}"
+    );
+    // Log positions per shard, flushed never ahead of written.
+    for name in [
+        "coremq_log_written_offset",
+        "coremq_log_committed_offset",
+        "coremq_log_flushed_offset",
+        "coremq_log_dispatched_offset",
+    ] {
+        assert!(
+            text.contains(&format!("{name}{{shard=\"0\"}}")),
+            "{name}\n{text}"
+        );
+    }
+    assert!(
+        text.contains("coremq_shard_failed{shard=\"0\"} 0"),
+        "{text}"
+    );
 
     // Restart: messages, topics and consumer offsets survive a clean shutdown.
     drop((c, ns));

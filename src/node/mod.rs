@@ -521,7 +521,10 @@ fn metrics_loop(st: Arc<NodeState>, listener: TcpListener) {
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let mut buf = [0u8; 2048];
         let _ = s.read(&mut buf);
-        let body = st.metrics.render(st.open.load(Ordering::SeqCst));
+        let shards: Vec<Option<crate::ShardStatus>> = (0..st.handle.shards())
+            .map(|i| futures_lite::future::block_on(st.handle.shard_status(i)).ok())
+            .collect();
+        let body = st.metrics.render(st.open.load(Ordering::SeqCst), &shards);
         let head = format!(
             "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()

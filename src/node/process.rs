@@ -442,10 +442,12 @@ async fn send(
             .collect();
         let n = msgs.len() as u64;
         let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
+        let began = std::time::Instant::now();
         let rs = match local_owner(&topic, queue_id) {
             Some(store) => vec![store.put_batch(&msgs).await],
             None => st.handle.put_batch(msgs).await,
         };
+        st.metrics.put_took(shard, began.elapsed());
         let ids: Vec<String> = rs
             .iter()
             .flat_map(|r| r.msg_ids.iter().map(MessageId::to_string))
@@ -462,10 +464,12 @@ async fn send(
     } else {
         let bytes = h.body.len() as u64;
         let msg = base(flag, h.body.clone(), props);
+        let began = std::time::Instant::now();
         let r = match local_owner(&topic, queue_id) {
             Some(store) => store.put(msg).await,
             None => st.handle.put(msg).await,
         };
+        st.metrics.put_took(shard, began.elapsed());
         let ids = r.msg_ids.first().map(|i| i.to_string()).unwrap_or_default();
         (r, ids, bytes, 1)
     };

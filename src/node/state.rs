@@ -310,8 +310,17 @@ impl Arrivals {
     }
 }
 
+/// Upper bounds (seconds) of the put-latency histogram buckets.
+pub const PUT_LATENCY_BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
+];
+
 /// Counters for `/metrics`, per shard.
 pub struct Metrics {
+    /// Put latency (store call, as the request saw it) per shard: counts per bucket
+    /// of [`PUT_LATENCY_BUCKETS`] plus one for larger, and the sum in microseconds.
+    pub put_latency: Vec<Vec<AtomicU64>>,
+    pub put_latency_sum_us: Vec<AtomicU64>,
     pub puts: Vec<AtomicU64>,
     pub put_bytes: Vec<AtomicU64>,
     pub gets: Vec<AtomicU64>,
@@ -326,6 +335,14 @@ impl Metrics {
     pub fn new(shards: usize) -> Metrics {
         let v = || (0..shards).map(|_| AtomicU64::new(0)).collect();
         Metrics {
+            put_latency: (0..shards)
+                .map(|_| {
+                    (0..=PUT_LATENCY_BUCKETS.len())
+                        .map(|_| AtomicU64::new(0))
+                        .collect()
+                })
+                .collect(),
+            put_latency_sum_us: v(),
             puts: v(),
             put_bytes: v(),
             gets: v(),
@@ -337,10 +354,86 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition.
-    pub fn render(&self, connections_open: usize) -> String {
+    /// Records one put's latency on `shard`.
+    pub fn put_took(&self, shard: usize, took: std::time::Duration) {
+        let secs = took.as_secs_f64();
+        let b = PUT_LATENCY_BUCKETS
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(PUT_LATENCY_BUCKETS.len());
+        if let Some(h) = self.put_latency.get(shard) {
+            h[b].fetch_add(1, Ordering::Relaxed);
+            self.put_latency_sum_us[shard].fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Prometheus text exposition; `shards` gives each shard's log positions.
+    pub fn render(&self, connections_open: usize, shards: &[Option<crate::ShardStatus>]) -> String {
         use std::fmt::Write;
         let mut out = String::new();
+        let name = "coremq_put_latency_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time a put took in the store, as the request saw it.\n# TYPE {name} histogram"
+        );
+        for (i, h) in self.put_latency.iter().enumerate() {
+            let mut cum = 0;
+            for (b, c) in h.iter().enumerate() {
+                cum += c.load(Ordering::Relaxed);
+                let le = PUT_LATENCY_BUCKETS
+                    .get(b)
+                    .map_or("+Inf".to_string(), |v| v.to_string());
+                let _ = writeln!(out, "{name}_bucket{{shard=\"{i}\",le=\"{le}\"}} {cum}");
+            }
+            let sum = self.put_latency_sum_us[i].load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(out, "{name}_sum{{shard=\"{i}\"}} {sum}");
+            let _ = writeln!(out, "{name}_count{{shard=\"{i}\"}} {cum}");
+        }
+        type Pick = fn(&crate::ShardStatus) -> u64;
+        let positions: [(&str, &str, Pick); 5] = [
+            (
+                "coremq_log_min_offset",
+                "First commit-log offset kept.",
+                |s| s.min_log_offset,
+            ),
+            (
+                "coremq_log_written_offset",
+                "Commit-log end (written to the write buffer).",
+                |s| s.max_log_offset,
+            ),
+            (
+                "coremq_log_committed_offset",
+                "Commit-log bytes written to the files.",
+                |s| s.committed_log_offset,
+            ),
+            (
+                "coremq_log_flushed_offset",
+                "Commit-log bytes made durable (fdatasync).",
+                |s| s.flushed_log_offset,
+            ),
+            (
+                "coremq_log_dispatched_offset",
+                "Commit-log bytes visible to consumers.",
+                |s| s.dispatched_log_offset,
+            ),
+        ];
+        for (name, help, pick) in positions {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (i, s) in shards.iter().enumerate() {
+                if let Some(s) = s {
+                    let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", pick(s));
+                }
+            }
+        }
+        let name = "coremq_shard_failed";
+        let _ = writeln!(
+            out,
+            "# HELP {name} 1 when the shard stopped taking writes after a failure.\n# TYPE {name} gauge"
+        );
+        for (i, s) in shards.iter().enumerate() {
+            let failed = s.as_ref().is_none_or(|s| s.failure.is_some());
+            let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", failed as u8);
+        }
         let per_shard = |out: &mut String, name: &str, help: &str, v: &[AtomicU64]| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for (i, c) in v.iter().enumerate() {
