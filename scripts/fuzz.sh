@@ -43,7 +43,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz_dir="$root/scripts/fuzz"
-all_targets=(record properties consume_queue checkpoint index_file msg_id manifest)
+all_targets=(record properties consume_queue checkpoint index_file msg_id manifest remoting_frame)
 
 seconds=60
 targets=()
