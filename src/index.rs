@@ -153,6 +153,9 @@ pub struct IndexService {
     version: Cell<u64>,
     /// Records below this commit-log offset are already indexed.
     indexed_end: Cell<u64>,
+    /// Set when a repair left `endPhyOffset` one byte before a record (that record's
+    /// keys are to be indexed again), not at a record's start.
+    end_before_record: Cell<bool>,
     /// The last file's header as last made durable.
     durable: Cell<IndexHeader>,
     /// End time of the last full file flushed (the checkpoint's indexMsgTimestamp).
@@ -253,6 +256,7 @@ impl IndexService {
             pages: RefCell::new(AHashMap::new()),
             version: Cell::new(0),
             indexed_end: Cell::new(0),
+            end_before_record: Cell::new(false),
             durable: Cell::new(IndexHeader::empty()),
             full_flushed_end_ts: Cell::new(0),
             flush_lock: glommio::sync::Semaphore::new(1),
@@ -316,6 +320,21 @@ impl IndexService {
         self.indexed_end.get()
     }
 
+    /// A commit-log record boundary from which re-dispatching completes the index:
+    /// the last record it took (records it has are skipped, so re-reading that one is
+    /// harmless), or the record a repair left to index again; 0 with no index.
+    /// (`indexed_end` itself is one past a record's start, not a boundary: starting a
+    /// dispatch there failed and rebuilt every queue from the whole log at every
+    /// reopen, found by `scripts/bench.sh` scenario 7.)
+    pub fn resume_point(&self) -> u64 {
+        let end = self.indexed_end.get();
+        if end == 0 || self.end_before_record.get() {
+            end
+        } else {
+            end - 1
+        }
+    }
+
     /// End time of the last full index file flushed (checkpoint indexMsgTimestamp).
     pub fn full_flushed_end_ts(&self) -> i64 {
         self.full_flushed_end_ts.get()
@@ -370,6 +389,7 @@ impl IndexService {
                 // queries return each record once).
                 let last = self.entry_on_disk(&f.file, count - 1).await?;
                 h.end_phy_offset = last.phy_offset - 1;
+                self.end_before_record.set(true);
                 // Entries keep whole seconds: an upper bound keeps range checks right.
                 h.end_timestamp = last.time(&h).saturating_add(999);
             } else {
@@ -574,6 +594,7 @@ impl IndexService {
         h.end_timestamp = r.store_timestamp;
         f.header.set(h);
         self.indexed_end.set(phys + 1);
+        self.end_before_record.set(false);
         Ok(())
     }
 

@@ -226,7 +226,7 @@ impl Store {
         let index_from = inner
             .index
             .as_ref()
-            .map_or(from, |ix| ix.indexed_end().max(log.min_offset()).min(from));
+            .map_or(from, |ix| ix.resume_point().max(log.min_offset()).min(from));
         // Dispatch from the checkpoint; if the queues disagree with it (files lost or
         // damaged), rebuild every queue from the log's first record.
         let rebuilt = match inner
