@@ -50,10 +50,10 @@ mkdir -p "$detail"
 # s6_keys: messages with one key each; s7_msgs x 1 KiB: the log recovered.
 if [ "$quick" = 1 ]; then
     fio_bytes=1G; fio_sync_secs=2; secs=3
-    s5_msgs=120000; s6_keys=200000; s6_queries=20000; s7_msgs=300000
+    s5_msgs=120000; s6_keys=200000; s6_queries=20000; s7_msgs=300000; limit=180
 else
     fio_bytes=8G; fio_sync_secs=10; secs=15
-    s5_msgs=600000; s6_keys=10000000; s6_queries=100000; s7_msgs=2500000
+    s5_msgs=600000; s6_keys=10000000; s6_queries=100000; s7_msgs=2500000; limit=1200
 fi
 # want N: scenario N is in --only.
 want() { [[ ",$only," == *",$1,"* ]]; }
@@ -120,8 +120,8 @@ fsync_p99=$(echo "$w99 + $s99" | bc -l)
 # scenarios
 
 # bench_run NAME LABEL DIR ARGS...: one `coremq bench` run on the store in DIR, kept.
-# A run that found problems (exit 1) or could not finish (exit 2: a shard failed) is
-# reported in the table, and the script goes on with the next scenario.
+# A run that found problems (exit 1), could not finish (exit 2: a shard failed) or hung
+# (SIGKILLed after $limit s) is reported in the table, and the script goes on.
 bench_run() {
     local name="$1" label="$2" dir="$3" rc
     shift 3
@@ -130,7 +130,7 @@ bench_run() {
     # stdout as is; stderr (progress, errors) to the terminal and to a log.
     set +e
     {
-        "$bin" bench --label "$label" --data-dir "$dir" \
+        timeout --signal=KILL "$limit" "$bin" bench --label "$label" --data-dir "$dir" \
             --json "$detail/$name.json" --svg "$detail/$name.svg" "$@" \
             2>&1 >&3 | tee "$detail/$name.log" >&2
     } 3>&1
@@ -139,6 +139,9 @@ bench_run() {
     if [ ! -s "$detail/$name.json" ]; then
         local why
         why=$(grep -m1 '^coremq: ' "$detail/$name.log" | cut -c9-300 || true)
+        if [ -z "$why" ] && [ "$rc" = 137 ]; then
+            why="no answer within $limit s (hung; SIGKILLed)"
+        fi
         jq -n --arg lbl "$label" --arg why "${why:-exit status $rc}" \
             '{"label": $lbl, "ok": false, "failed": true, "first_error": $why}' >"$detail/$name.json"
     fi
