@@ -15,6 +15,18 @@
 //! * **tailing consumers** (`--consumers`): one per queue, starting at the queue's end,
 //!   reading with `Store::get` as soon as a record is dispatched.
 //!
+//! With `--data-dir` the store is kept, and `--mode` works on it afterwards
+//! ([`run_mode`], scenarios 5-7 of `scripts/bench.sh`):
+//!
+//! * `catch-up`: one reader per queue, all at once, reads every queue from its first
+//!   offset with `Store::get` of `--pull-batch` messages; MB/s, msg/s, get latency;
+//! * `key-queries`: `--queries` random `Store::query_by_key` calls, one at a time per
+//!   shard, for keys the `--messages` run put (the same `--shards`, `--producers`,
+//!   `--topics`, `--queues` and `--batch` say which), one in 100 for a key never put;
+//! * `recover`: times the open of every shard's store (in parallel), recovery
+//!   included, then shuts down; `--kill-after-flush` makes a produce run SIGKILL
+//!   itself once its log is flushed, leaving the abort files as `kill -9` does.
+//!
 //! # What is measured
 //!
 //! * throughput: messages and body bytes put per second over the producing window
@@ -105,6 +117,62 @@
 //!   even from a resident window. With 32 interleaved queues per shard that is ~30 bytes
 //!   copied per byte delivered; consumers that fall behind read ~0.1 M msg/s against
 //!   0.8 M msg/s put and never catch up.
+
+//! # Profile notes: catch-up, key queries, recovery (scenarios 5-7)
+//!
+//! `scripts/bench.sh --quick` on this 2-CPU VM (fio: 1087 MB/s sequential O_DIRECT
+//! reads), commit 52aba96, plus `perf record -g` of the modes alone.
+//!
+//! * **Catch-up, one queue per shard (5a): 755-1076 MB/s, 0.69-0.99 of fio**, peak RSS
+//!   167 MiB: each reader's records are contiguous, gets of 256 read ~1 MB spans.
+//! * **Catch-up, 64 queues (5b): 37-49 MB/s, 0.03 of fio, peak RSS 2.5 GiB**, get p99
+//!   2.3 s. `Store::get` reads a span from a queue's first record to its last within a
+//!   budget of 4x the bytes wanted and everything in between: with 32 queues
+//!   interleaved per shard each reader reads ~32 bytes per byte it keeps, so the disk
+//!   runs at full speed on bytes thrown away, and 64 readers x ~34 MB spans per get of
+//!   256 are in memory at once (memory follows readers x batch x interleaving, not the
+//!   configuration; `--pull-batch 32`: 49 MB/s, 405 MiB). What I would change in
+//!   `store.rs`: coalesce two records into one read only when the gap between them is
+//!   small (a few KiB), otherwise read each record (4 KiB-aligned) on its own, with
+//!   several reads in flight; better, a bounded cache of recently read log extents
+//!   shared by a shard's readers, so readers catching up together share one
+//!   sequential pass (what RocketMQ gets from the page cache).
+//! * **Key queries (6): 200 k keys, hits p50 575-673 us, p99 2.0-4.2 ms; misses p50
+//!   150 us, p99 0.7-1.5 ms.** I/O latency bound: coremq's own code is under 2% of the
+//!   samples; the rest is the kernel submitting reads (virtio notification
+//!   `iowrite16` 13%), switching away while the executor parks between dependent
+//!   reads (`finish_task_switch` 20%) and glommio's membarrier IPI on every park
+//!   (~15%). A hit is a chain of dependent 4 KiB O_DIRECT reads: slot page, entry
+//!   page(s), then the record, each a disk round trip (~150-250 us here; fio's 4 KiB
+//!   write p50 is 231 us). What I would change in `index.rs`: read the whole slot
+//!   table (20 MB, it fits the 32 MiB page budget) sequentially at open instead of
+//!   page by page on demand, which takes one round trip off every query and makes
+//!   misses memory-only; keep entry pages of the newest file cached.
+//! * **Recovery (7): 352 MB log, open 2.7-4.9 s against fio's 0.32 s (9-15x).** Every
+//!   record is scanned and re-dispatched from offset 0 although the checkpoint is
+//!   valid: the key index file written before the kill was never flushed ("removing
+//!   an index file that was never written"), so its durable end is 0 and open
+//!   re-dispatches the whole log to rebuild the index. Profile: ~45% kernel (read
+//!   submission, parks, membarrier IPIs: one read in flight at a time), memmove 8%
+//!   (copying log ranges to parse them), index slot updates 3%, dispatch 3%, CRC 2.6%,
+//!   UTF-8 checks 2.3%, property parsing 1.3%; 2.7 CPU-seconds in 3.5 s on 2 shards,
+//!   so it waits on the disk more than it computes. What I would change: flush the key
+//!   index with every checkpoint round so its durable end follows the checkpoint
+//!   (recovery then re-dispatches only the tail), and keep several large reads in
+//!   flight in the recovery scan and in `dispatch_range` (fio reads at depth 8).
+//!
+//! Store problems these runs found (not fixed here: core files):
+//!
+//! * **Reopen after a clean shutdown rebuilds every queue**: "dispatch from the
+//!   checkpoint failed; rebuilding queues from the whole log: bad magic code at offset
+//!   27688614", on a log whose last record starts at 27688613 (277-byte records, end
+//!   27688890): the dispatch start taken from the checkpoint (or the index's durable
+//!   end) is one byte past a record start. Seen on every reopen of the 200 k-key
+//!   store, on both shards.
+//! * **An open hung once**: in key-queries mode one shard's `Store::open` never
+//!   returned (its executor parked in `io_cqring_wait`, nothing moving for 12
+//!   minutes), right after the warning above on the other shard; not reproduced in
+//!   two more runs. `bench.sh` now SIGKILLs a run after a time limit and reports it.
 
 use crate::format::record::{self, Decoded, Verify};
 use crate::{FlushMode, GetStatus, Message, Store, StoreConfig};
