@@ -6,10 +6,12 @@
 //!   `coremq bench` arguments, e.g. `cargo bench --bench loadgen -- --flush sync`.
 //! * `cargo test --benches` (no `--bench`): two tiny runs that go through every part
 //!   (single puts and batches, both flush modes, keys, body ranges, pacing, tailing
-//!   consumers, JSON and SVG) in a second or two, so the load generator never rots.
+//!   consumers, JSON and SVG) in a second or two, then a kept store read back from
+//!   the start, queried by key and reopened (`--mode`), so the load generator never
+//!   rots.
 
 use clap::Parser;
-use coremq::loadgen::{self, BodySize, Flush, LoadConfig};
+use coremq::loadgen::{self, BodySize, Flush, LoadConfig, Mode};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,10 +46,10 @@ fn main() -> ExitCode {
         tiny_runs()
     };
     for cfg in &runs {
-        match loadgen::run_and_report(cfg) {
-            Ok(report) if report.ok() => {}
-            Ok(report) => {
-                eprintln!("loadgen: {} found problems", report.config.label);
+        match loadgen::run_mode(cfg) {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!("loadgen: {} found problems", cfg.label);
                 return ExitCode::FAILURE;
             }
             Err(e) => {
@@ -56,7 +58,15 @@ fn main() -> ExitCode {
             }
         }
     }
+    if !full {
+        let _ = std::fs::remove_dir_all(kept_dir());
+    }
     ExitCode::SUCCESS
+}
+
+/// Where the tiny kept-store runs keep their store.
+fn kept_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("loadgen-kept")
 }
 
 /// Tiny parameters: one shard, two queues, 2000 messages per run.
@@ -81,5 +91,22 @@ fn tiny_runs() -> Vec<LoadConfig> {
         quiet: true,
         ..LoadConfig::tiny()
     };
-    vec![single, batched]
+    // A kept store, then the modes that work on it (scenarios 5-7), in order.
+    let _ = std::fs::remove_dir_all(kept_dir());
+    let kept = |label: &str, mode: Mode| LoadConfig {
+        label: label.into(),
+        data_dir: Some(kept_dir()),
+        mode,
+        quiet: true,
+        queries: 200,
+        ..LoadConfig::tiny()
+    };
+    vec![
+        single,
+        batched,
+        kept("tiny: kept store", Mode::Produce),
+        kept("tiny: catch-up", Mode::CatchUp),
+        kept("tiny: key queries", Mode::KeyQueries),
+        kept("tiny: recover", Mode::Recover),
+    ]
 }

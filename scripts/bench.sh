@@ -4,27 +4,36 @@
 # In one go, on the filesystem of the work directory: fio baselines (sequential 1 MiB
 # O_DIRECT writes at queue depth 8 through io_uring; 4 KiB write + fdatasync latency
 # on a preallocated file; sequential 1 MiB O_DIRECT reads), then the load generator's
-# scenarios (`coremq bench`), each result next to its baseline as a ratio.
+# scenarios (`coremq bench`), each result next to its baseline as a ratio:
+#   1-4  puts (async 1 KiB, async 16 KiB, sync group commit, tailing consumers);
+#   5    catch-up reads of a kept store several times larger than the write pools,
+#        from every queue's first offset (5a: one queue per shard, 5b: 64 queues);
+#   6    random key queries over a store with many keys;
+#   7    abnormal recovery: a writer SIGKILLed once its log is flushed, then the open
+#        timed, against fio reading as many bytes.
 #
-# Usage: scripts/bench.sh [--quick] [--dir DIR] [--out DIR]
-#   --quick    about 30 s instead of about 3 minutes (shorter runs, smaller files)
-#   --dir DIR  work directory for fio files and stores (default: ./bench-work);
-#              emptied of what the script made at the end
-#   --out DIR  where bench-results.{json,md} and the per-scenario JSON/SVG go
-#              (default: the current directory)
+# Usage: scripts/bench.sh [--quick] [--only LIST] [--dir DIR] [--out DIR]
+#   --quick      about 2 minutes instead of about 10 (shorter runs, smaller stores)
+#   --only LIST  run only these scenarios, e.g. 5,6,7 (fio baselines always run)
+#   --dir DIR    work directory for fio files and stores (default: ./bench-work);
+#                emptied of what the script made at the end
+#   --out DIR    where bench-results.{json,md} and the per-scenario JSON/SVG go
+#                (default: the current directory)
 #
 # Needs fio and jq (installed with apt-get when missing) and a Rust toolchain.
 set -euo pipefail
 
 quick=0
+only="1,2,3,4,5,6,7"
 work=""
 out="."
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
+        --only) only="$2"; shift ;;
         --dir) work="$2"; shift ;;
         --out) out="$2"; shift ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -37,11 +46,17 @@ out="$(cd "$out" && pwd)"
 detail="$out/bench-results"
 mkdir -p "$detail"
 
+# s5_msgs x 4 KiB: the catch-up log (the write pools hold 2 x 64 MiB);
+# s6_keys: messages with one key each; s7_msgs x 1 KiB: the log recovered.
 if [ "$quick" = 1 ]; then
     fio_bytes=1G; fio_sync_secs=2; secs=3
+    s5_msgs=120000; s6_keys=200000; s6_queries=20000; s7_msgs=300000; limit=180
 else
     fio_bytes=8G; fio_sync_secs=10; secs=15
+    s5_msgs=600000; s6_keys=10000000; s6_queries=100000; s7_msgs=2500000; limit=1200
 fi
+# want N: scenario N is in --only.
+want() { [[ ",$only," == *",$1,"* ]]; }
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
@@ -63,7 +78,7 @@ log "building coremq (release)"
 (cd "$repo" && cargo build --release --quiet)
 # A private copy: a concurrent build cannot swap the binary in the middle of a run.
 bin="$work/coremq"
-cp "$repo/target/release/coremq" "$bin"
+cp "${CARGO_TARGET_DIR:-$repo/target}/release/coremq" "$bin"
 
 cleanup() {
     rm -rf "$work"/fio-* "$work"/s[0-9]-* "$bin"
@@ -104,51 +119,116 @@ fsync_p99=$(echo "$w99 + $s99" | bc -l)
 # ---------------------------------------------------------------------------------
 # scenarios
 
-# run NAME LABEL ARGS...: one `coremq bench` run on a fresh store, removed afterwards.
-# A run that found problems (exit 1) or could not finish (exit 2: a shard failed) is
-# reported in the table, and the script goes on with the next scenario.
-run() {
-    local name="$1" label="$2" rc
-    shift 2
+# bench_run NAME LABEL DIR ARGS...: one `coremq bench` run on the store in DIR, kept.
+# A run that found problems (exit 1), could not finish (exit 2: a shard failed) or hung
+# (SIGKILLed after $limit s) is reported in the table, and the script goes on.
+bench_run() {
+    local name="$1" label="$2" dir="$3" rc
+    shift 3
     log "scenario $name: $label"
     rm -f "$detail/$name.json" "$detail/$name.svg"
     # stdout as is; stderr (progress, errors) to the terminal and to a log.
     set +e
     {
-        "$bin" bench --label "$label" --data-dir "$work/$name" \
+        timeout --signal=KILL "$limit" "$bin" bench --label "$label" --data-dir "$dir" \
             --json "$detail/$name.json" --svg "$detail/$name.svg" "$@" \
             2>&1 >&3 | tee "$detail/$name.log" >&2
     } 3>&1
     rc=${PIPESTATUS[0]}
     set -e
-    rm -rf "${work:?}/$name"
     if [ ! -s "$detail/$name.json" ]; then
         local why
         why=$(grep -m1 '^coremq: ' "$detail/$name.log" | cut -c9-300 || true)
+        if [ -z "$why" ] && [ "$rc" = 137 ]; then
+            why="no answer within $limit s (hung; SIGKILLed)"
+        fi
         jq -n --arg lbl "$label" --arg why "${why:-exit status $rc}" \
             '{"label": $lbl, "ok": false, "failed": true, "first_error": $why}' >"$detail/$name.json"
     fi
 }
 
+# run NAME LABEL ARGS...: one `coremq bench` run on a fresh store, removed afterwards.
+run() {
+    local name="$1" label="$2"
+    shift 2
+    bench_run "$name" "$label" "$work/$name" "$@"
+    rm -rf "${work:?}/$name"
+}
+
+# skip NAME...: placeholders for scenarios left out by --only.
+skip() {
+    local name
+    for name in "$@"; do
+        jq -n '{"ok": false, "skipped": true}' >"$detail/$name.json"
+    done
+}
+
 export RUST_LOG="${RUST_LOG:-warn}"
-run s1-async-1k "async flush, 1 KiB, all shards, 64 queues" \
-    --duration "$secs" --body 1024 --queues 64
-run s2-async-16k "async flush, 16 KiB, all shards, 64 queues" \
-    --duration "$secs" --body 16384 --queues 64
-run s3-sync-1k "sync flush (group commit), 1 KiB, 256 outstanding" \
-    --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 256
+if want 1; then
+    run s1-async-1k "async flush, 1 KiB, all shards, 64 queues" \
+        --duration "$secs" --body 1024 --queues 64
+else skip s1-async-1k; fi
+if want 2; then
+    run s2-async-16k "async flush, 16 KiB, all shards, 64 queues" \
+        --duration "$secs" --body 16384 --queues 64
+else skip s2-async-16k; fi
+if want 3; then
+    run s3-sync-1k "sync flush (group commit), 1 KiB, 256 outstanding" \
+        --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 256
+else skip s3-sync-1k; fi
 # Tailing consumers under an open loop at a quarter of scenario 1's closed-loop rate:
 # a load the shards have CPU to spare for, so consumers should keep up.
 s4_rate=$(jq '((.messages_per_sec // 400000) / 4) | floor' "$detail/s1-async-1k.json")
-run s4-consumers "async flush, 1 KiB, tailing consumers, $s4_rate msg/s" \
-    --duration "$secs" --body 1024 --queues 64 --consumers --rate "$s4_rate" \
-    --drain-timeout 10
+if want 4; then
+    run s4-consumers "async flush, 1 KiB, tailing consumers, $s4_rate msg/s" \
+        --duration "$secs" --body 1024 --queues 64 --consumers --rate "$s4_rate" \
+        --drain-timeout 10
+else skip s4-consumers; fi
+
+# Catch-up (5): a store written and shut down, then every queue read from its first
+# offset by one reader per queue, 256 messages per get. The CommitLog is read with
+# O_DIRECT (no page cache to drop); only the newest windows of each shard's write
+# pool can serve reads from memory. 5a: one queue per shard (each reader's records
+# are contiguous); 5b: 64 queues (each reader's records are 1/32 of its shard's log).
+s5_bytes=$((s5_msgs * 4096))
+for v in a b; do
+    if [ "$v" = a ]; then q=2; what="1 queue per shard"; else q=64; what="64 queues"; fi
+    if want 5; then
+        bench_run "s5$v-write" "catch-up log: $s5_msgs x 4 KiB, $what" "$work/s5$v-store" \
+            --messages "$s5_msgs" --body 4096 --queues "$q"
+        bench_run "s5$v-catch-up" "catch-up read, $what, 256 per get" "$work/s5$v-store" \
+            --mode catch-up --pull-batch 256
+        rm -rf "${work:?}/s5$v-store"
+    else skip "s5$v-write" "s5$v-catch-up"; fi
+done
+
+# Key queries (6): a store with s6_keys messages of one key each (128 B bodies),
+# shut down, reopened, then random queries one at a time per shard (1 in 100 for a
+# key never written).
+if want 6; then
+    bench_run s6-write "key index: $s6_keys keys" "$work/s6-store" \
+        --messages "$s6_keys" --body 128 --queues 64
+    bench_run s6-key-queries "key queries over $s6_keys keys" "$work/s6-store" \
+        --mode key-queries --messages "$s6_keys" --queues 64 --queries "$s6_queries"
+    rm -rf "${work:?}/s6-store"
+else skip s6-write s6-key-queries; fi
+
+# Recovery (7): async flush, SIGKILL once every shard's log is flushed as far as it
+# is written (dispatch, queues and index, may lag), then the open timed.
+if want 7; then
+    bench_run s7-write "recovery log: $s7_msgs x 1 KiB, killed" "$work/s7-store" \
+        --messages "$s7_msgs" --body 1024 --queues 64 --kill-after-flush
+    bench_run s7-recovery "abnormal recovery of $s7_msgs x 1 KiB" "$work/s7-store" \
+        --mode recover
+    rm -rf "${work:?}/s7-store"
+else skip s7-write s7-recovery; fi
 
 # ---------------------------------------------------------------------------------
 # report
 
 j() { jq -r "$2" "$detail/$1.json"; }
 failed() { [ "$(j "$1" '.failed // false')" = true ]; }
+skipped() { [ "$(j "$1" '.skipped // false')" = true ]; }
 # "; problem: ..." when a run found problems.
 problem() { j "$1" 'if .ok then "" else "; **problem: \(.first_error // "see JSON")**" end'; }
 fmt() { printf "%'.${2:-0}f" "$1"; }
@@ -165,7 +245,9 @@ $(df -T "$work" | awk 'NR==2 {print $2 " on " $1}')"
 row() { printf '| %s | %s | %s | %s |\n' "$@"; }
 # scenario NAME TITLE BASELINE RESULT-FUNCTION RATIO-FUNCTION: a row, or the failure.
 scenario() {
-    if failed "$1"; then
+    if skipped "$1"; then
+        row "$2" "skipped (--only $only)" "$3" "-"
+    elif failed "$1"; then
         row "$2" "**failed: $(j "$1" .first_error)**" "$3" "-"
     else
         row "$2" "$("$4")$(problem "$1")" "$3" "$("$5")"
@@ -197,6 +279,35 @@ s4_ratio() {
     echo "$(ratio "$(j s4-consumers '.consumed_while_producing / ([.messages, 1] | max)')" 1) read while producing"
 }
 
+s5_result() {
+    local n="s5$1-catch-up"
+    echo "$(fmt "$(j "$n" .mb_per_sec)" 1) MB/s, $(fmt "$(j "$n" .messages_per_sec)") msg/s" \
+        "($(fmt "$(j "$n" '.log_size_bytes / 1e6')") MB log, $(j "$n" .queues) queues);" \
+        "get p99 $(fmt "$(j "$n" '.get_latency_us.p99 / 1000')" 1) ms;" \
+        "peak RSS $(fmt "$(j "$n" '.peak_rss_bytes / 1048576')") MiB"
+}
+s5a_result() { s5_result a; }
+s5b_result() { s5_result b; }
+s5a_ratio() { ratio "$(j s5a-catch-up .mb_per_sec)" "$read_mb"; }
+s5b_ratio() { ratio "$(j s5b-catch-up .mb_per_sec)" "$read_mb"; }
+s6_result() {
+    echo "$(fmt "$(j s6-key-queries .keys)") keys, $(fmt "$(j s6-key-queries .queries)") queries:" \
+        "p50 $(fmt "$(j s6-key-queries .query_latency_us.p50)") µs, p99 $(fmt "$(j s6-key-queries .query_latency_us.p99)") µs," \
+        "p99.9 $(fmt "$(j s6-key-queries .query_latency_us.p99_9)") µs, max $(fmt "$(j s6-key-queries '.query_latency_us.max / 1000')" 1) ms;" \
+        "misses p99 $(fmt "$(j s6-key-queries '.miss_latency_us.p99 // 0')") µs;" \
+        "peak RSS $(fmt "$(j s6-key-queries '.peak_rss_bytes / 1048576')") MiB"
+}
+s6_ratio() { echo "$(ratio "$(j s6-key-queries .query_latency_us.p99)" 1000) (p99 / 1 ms)"; }
+# fio's time to read the recovered log's bytes.
+s7_fio_secs() { echo "$(j s7-recovery .log_bytes) / $read_bw" | bc -l; }
+s7_result() {
+    echo "open $(fmt "$(j s7-recovery .open_seconds)" 2) s for $(fmt "$(j s7-recovery '.log_bytes / 1e6')") MB of log" \
+        "($(j s7-recovery 'if .abnormal then "abnormal" else "NOT abnormal" end');" \
+        "$(fmt "$(j s7-recovery .records_scanned)") records scanned, $(fmt "$(j s7-recovery .entries_rebuilt)") queue entries rebuilt);" \
+        "fio reads as much in $(fmt "$(s7_fio_secs)" 2) s; peak RSS $(fmt "$(j s7-recovery '.peak_rss_bytes / 1048576')") MiB"
+}
+s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
+
 {
     echo "# coremq benchmark results"
     echo
@@ -213,13 +324,21 @@ s4_ratio() {
         s3_result s3_ratio
     scenario s4-consumers "4. tailing consumers, $(fmt "$s4_rate") msg/s offered" \
         "consumers read all while producing" s4_result s4_ratio
-    row "5. catch-up read" "not yet" "fio seq read $(fmt "$read_mb" 1) MB/s" "-"
-    row "6. key queries" "not yet (key index)" "-" "-"
-    row "7. abnormal recovery" "not yet" "fio seq read $(fmt "$read_mb" 1) MB/s" "-"
+    scenario s5a-catch-up "5a. catch-up read, $(fmt "$s5_msgs") x 4 KiB, 1 queue per shard" \
+        "fio seq read $(fmt "$read_mb" 1) MB/s" s5a_result s5a_ratio
+    scenario s5b-catch-up "5b. catch-up read, $(fmt "$s5_msgs") x 4 KiB, 64 queues" \
+        "fio seq read $(fmt "$read_mb" 1) MB/s" s5b_result s5b_ratio
+    scenario s6-key-queries "6. key queries, one at a time per shard" \
+        "target p99 < 1 ms (10 M keys)" s6_result s6_ratio
+    scenario s7-recovery "7. abnormal recovery after SIGKILL, $(fmt "$s7_msgs") x 1 KiB" \
+        "fio seq read $(fmt "$read_mb" 1) MB/s" s7_result s7_ratio
     echo
     echo "MB = 10^6 bytes. MB/s counts message bodies (\"log\": CommitLog bytes with record headers and properties)."
     echo "Latencies are from the send time (the intended one under a target rate) and come from HDR histograms;"
     echo "fio's write+fdatasync figure is its write latency plus its fdatasync latency at the same percentile."
+    echo "Catch-up MB/s counts bodies read; reads are O_DIRECT (no page cache involved), so only each shard's"
+    echo "write pool (16 x 4 MiB) can serve them from memory. Recovery: the time to open every shard's store"
+    echo "(in parallel) after a SIGKILL, against the time fio takes to read as many bytes as the log holds."
     echo "Per-scenario JSON, SVG latency curves and logs: $(basename "$detail")/."
 } >"$out/bench-results.md"
 
@@ -233,6 +352,10 @@ jq -n \
     --argjson sync_iops "$sync_iops" \
     --slurpfile s1 "$detail/s1-async-1k.json" --slurpfile s2 "$detail/s2-async-16k.json" \
     --slurpfile s3 "$detail/s3-sync-1k.json" --slurpfile s4 "$detail/s4-consumers.json" \
+    --slurpfile s5aw "$detail/s5a-write.json" --slurpfile s5a "$detail/s5a-catch-up.json" \
+    --slurpfile s5bw "$detail/s5b-write.json" --slurpfile s5b "$detail/s5b-catch-up.json" \
+    --slurpfile s6w "$detail/s6-write.json" --slurpfile s6 "$detail/s6-key-queries.json" \
+    --slurpfile s7w "$detail/s7-write.json" --slurpfile s7 "$detail/s7-recovery.json" \
     '{
         machine: $machine, date: $date, quick: ($quick == 1),
         fio: {
@@ -249,9 +372,16 @@ jq -n \
             "2_async_16k": ($s2[0] + {ratio_to_fio_write: (($s2[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
             "3_sync_1k": ($s3[0] + {p99_ratio_to_fio_fdatasync: (($s3[0].put_latency_us.p99 // 0) / $fsync_p99)}),
             "4_consumers": $s4[0],
-            "5_catch_up_read": "not yet",
-            "6_key_queries": "not yet",
-            "7_recovery": "not yet"
+            "5a_catch_up_read_1_queue_per_shard": ($s5a[0] + {write: $s5aw[0],
+                ratio_to_fio_read: (($s5a[0].mb_per_sec // 0) * 1e6 / $read_bw)}),
+            "5b_catch_up_read_64_queues": ($s5b[0] + {write: $s5bw[0],
+                ratio_to_fio_read: (($s5b[0].mb_per_sec // 0) * 1e6 / $read_bw)}),
+            "6_key_queries": ($s6[0] + {write: $s6w[0],
+                p99_ratio_to_1ms: (($s6[0].query_latency_us.p99 // 0) / 1000)}),
+            "7_recovery": ($s7[0] + {write: $s7w[0],
+                fio_read_seconds: (($s7[0].log_bytes // 0) / $read_bw),
+                ratio_to_fio_read: (if ($s7[0].log_bytes // 0) > 0
+                    then ($s7[0].open_seconds / ($s7[0].log_bytes / $read_bw)) else null end)})
         }
     }' >"$out/bench-results.json"
 

@@ -305,9 +305,9 @@ fn bench_cmd(cfg: &coremq::loadgen::LoadConfig) -> ExitCode {
             Err(e) => fail(&e),
         };
     }
-    match coremq::loadgen::run_and_report(cfg) {
-        Ok(report) if report.ok() => ExitCode::SUCCESS,
-        Ok(_) => ExitCode::from(1),
+    match coremq::loadgen::run_mode(cfg) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
         Err(e) => fail(&e),
     }
 }
