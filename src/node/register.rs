@@ -32,14 +32,22 @@ pub(crate) fn register_body(st: &NodeState, version: u64) -> Vec<u8> {
                 "topicFilterType": "SINGLE_TAG",
                 "topicSysFlag": 0,
                 "order": false,
+                "attributes": {},
             });
             (name, v)
         })
         .collect();
+    // Shaped as a RocketMQ 5 broker sends it (`TopicConfigAndMappingSerializeWrapper`,
+    // `DataVersion` with `stateVersion`): rocketmq-rust's name server requires every
+    // field (found by scripts/namesrv_register.sh).
+    let data_version = json!({"stateVersion": 0, "timestamp": crate::now_ms(), "counter": version});
     let body = json!({
         "topicConfigSerializeWrapper": {
             "topicConfigTable": table,
-            "dataVersion": {"timestamp": crate::now_ms(), "counter": version},
+            "dataVersion": data_version,
+            "topicQueueMappingInfoMap": {},
+            "topicQueueMappingDetailMap": {},
+            "mappingDataVersion": {"stateVersion": 0, "timestamp": 0, "counter": 0},
         },
         "filterServerList": [],
     });
@@ -51,17 +59,43 @@ fn crc31(bytes: &[u8]) -> i32 {
     (crc32fast::hash(bytes) & 0x7FFF_FFFF) as i32
 }
 
-/// One registration with one name server; the response code.
-fn register_once(st: &NodeState, namesrv: &str, version: u64) -> Result<i32, String> {
-    let addr = namesrv
-        .to_socket_addrs()
-        .map_err(|e| format!("{namesrv}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{namesrv}: no address"))?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-        .map_err(|e| format!("connect {namesrv}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
+/// One registration with one name server over `conn` (connected first if `None`);
+/// the response code. The connection is kept: a name server takes a closed broker
+/// channel for a broker that went away and drops its routes at once (rocketmq-rust's
+/// does; found by scripts/namesrv_register.sh). On error it is dropped, and the next
+/// round connects again.
+fn register_once(
+    st: &NodeState,
+    namesrv: &str,
+    version: u64,
+    conn: &mut Option<TcpStream>,
+) -> Result<i32, String> {
+    let r = register_on(st, namesrv, version, conn);
+    if r.is_err() {
+        *conn = None;
+    }
+    r
+}
+
+fn register_on(
+    st: &NodeState,
+    namesrv: &str,
+    version: u64,
+    conn: &mut Option<TcpStream>,
+) -> Result<i32, String> {
+    if conn.is_none() {
+        let addr = namesrv
+            .to_socket_addrs()
+            .map_err(|e| format!("{namesrv}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{namesrv}: no address"))?;
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+            .map_err(|e| format!("connect {namesrv}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        *conn = Some(s);
+    }
+    let s = conn.as_mut().expect("connected above");
     let body = register_body(st, version);
     let ha = std::net::SocketAddrV4::new(*st.broker_addr.ip(), st.broker_addr.port() + 1);
     let f = |k: &str, v: String| (k.to_string(), v);
@@ -98,11 +132,12 @@ pub(crate) fn register_loop(st: Arc<NodeState>) {
     let every = Duration::from_millis(st.cfg.register_interval_ms.max(100));
     let mut version = 0u64;
     let mut next = Instant::now();
+    let mut conns: Vec<Option<TcpStream>> = st.cfg.namesrv_addr.iter().map(|_| None).collect();
     while !st.shutting.load(Ordering::SeqCst) {
         if Instant::now() >= next {
             version += 1;
-            for ns in &st.cfg.namesrv_addr {
-                match register_once(&st, ns, version) {
+            for (ns, conn) in st.cfg.namesrv_addr.iter().zip(conns.iter_mut()) {
+                match register_once(&st, ns, version, conn) {
                     Ok(0) => tracing::debug!(namesrv = %ns, "registered with the name server"),
                     Ok(code) => {
                         tracing::warn!(namesrv = %ns, code, "the name server refused the registration")
