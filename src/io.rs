@@ -412,11 +412,6 @@ impl Drop for File {
 }
 
 impl File {
-    /// Opens a real file (O_DIRECT).
-    pub async fn open(path: &Path, create: bool) -> Result<Rc<File>> {
-        Disk::Real.open(path, create).await
-    }
-
     /// Writes `data` at `pos`; both must be aligned and `data.len()` a page multiple.
     pub async fn write_aligned(&self, pos: u64, data: &[u8]) -> Result<()> {
         debug_assert!(pos.is_multiple_of(PAGE as u64) && data.len().is_multiple_of(PAGE));

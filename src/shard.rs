@@ -207,13 +207,8 @@ fn read_or_create_meta(root: &Path, shards: usize) -> Result<()> {
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let tmp = root.join("store.meta.tmp");
             let text = format!("format={META_FORMAT_VERSION}\nshards={shards}\n");
-            std::fs::write(&tmp, text)
-                .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-                .and_then(|_| std::fs::rename(&tmp, &path))
-                .map_err(|e| Error::io("write", &path, 0, e))?;
-            crate::io::sync_dir(root)
+            crate::io::Disk::Real.replace_file(&path, text.as_bytes())
         }
         Err(e) => Err(Error::io("read", &path, 0, e)),
     }

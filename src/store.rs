@@ -520,7 +520,7 @@ impl Store {
             r.status = GetStatus::MessageWasRemoving;
             return Ok(r);
         }
-        r.records = inner.read_records(topic, queue_id, &taken, bytes).await?;
+        r.records = inner.read_records(topic, queue_id, &taken).await?;
         r.status = GetStatus::Found;
         Ok(r)
     }
@@ -1063,7 +1063,6 @@ impl Inner {
         topic: &str,
         queue_id: i32,
         entries: &[(QueueOffset, CqEntry)],
-        _needed: usize,
     ) -> Result<Vec<bytes::Bytes>> {
         // Plan the reads: a record joins the previous read only when the bytes between
         // them are few (MERGE_GAP) and the read stays small, so a queue interleaved

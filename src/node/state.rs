@@ -16,16 +16,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Writes `value` as JSON to `path` through a temporary file and a rename.
+/// Writes `value` as JSON to `path` atomically and durably (temporary file, rename,
+/// directory sync).
 fn write_json(path: &Path, value: &Value) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create dir", dir, 0, e))?;
-    let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec_pretty(value).unwrap_or_default();
-    std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| Error::io("write", path, 0, e))
+    crate::io::Disk::Real.replace_file(path, &text)
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
