@@ -385,6 +385,13 @@ pub struct LoadConfig {
     /// report is written first, with what was put
     #[arg(long)]
     pub kill_after_flush: bool,
+    /// Run the stores without the key index (to see what indexing costs)
+    #[arg(long)]
+    pub no_index: bool,
+    /// The stores' `max_dispatch_lag_bytes` in MiB (0: puts never wait for dispatch);
+    /// default: the store's default
+    #[arg(long, value_name = "MIB")]
+    pub max_dispatch_lag_mib: Option<u64>,
 }
 
 #[derive(clap::Parser)]
@@ -458,6 +465,8 @@ impl LoadConfig {
             "messages": self.messages,
             "rate": self.rate,
             "drain_timeout_s": self.drain_timeout,
+            "key_index": !self.no_index,
+            "max_dispatch_lag_mib": self.max_dispatch_lag_mib,
         })
     }
 }
@@ -656,11 +665,17 @@ where
         let mut cfg = template.clone();
         cfg.root = root.join(format!("shard-{i}"));
         let (gate2, finished2, job) = (gate.clone(), finished.clone(), job.clone());
-        let builder =
+        let mut builder =
             glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpus[i % cpus.len()]))
                 .name(&format!("shard-{i}"))
                 .io_memory(64 << 20)
                 .preempt_timer(PREEMPT_TIMER);
+        if let Some(us) = std::env::var("COREMQ_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            builder = builder.spin_before_park(Duration::from_micros(us));
+        }
         let spawned = std::thread::Builder::new()
             .name(format!("shard-{i}"))
             .spawn(move || {
@@ -1720,6 +1735,15 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
     });
     let mut store_cfg = StoreConfig::new(&data_dir);
     store_cfg.flush_mode = cfg.flush.mode();
+    if let Some(v) = std::env::var("COREMQ_LAG_MB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        store_cfg.max_dispatch_lag_bytes = v << 20;
+    }
+    if std::env::var("COREMQ_NO_INDEX").is_ok() {
+        store_cfg.index_enable = false;
+    }
 
     let job_plan = plan.clone();
     let set = spawn_shards(&data_dir, shards, &store_cfg, move |i, store| {
