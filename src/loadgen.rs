@@ -1126,12 +1126,32 @@ impl Producer {
                 if j > 0 {
                     keys.push(' ');
                 }
-                let _ = write!(keys, "k{}-{seq}-{j}", self.global);
+                keys.push('k');
+                push_decimal(&mut keys, self.global as u64);
+                keys.push('-');
+                push_decimal(&mut keys, seq);
+                keys.push('-');
+                push_decimal(&mut keys, j as u64);
             }
             m = m.with_keys(keys);
         }
         m
     }
+}
+
+/// Appends `n` in decimal: `write!` was a visible share of the producer's CPU.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"));
 }
 
 /// Wakes the consumers whenever newly written records have been dispatched (what a
@@ -2627,6 +2647,15 @@ fn recover(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimals_match_display() {
+        for n in [0u64, 7, 10, 99, 12345, u32::MAX as u64, u64::MAX] {
+            let mut s = String::from("x");
+            push_decimal(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+    }
 
     #[test]
     fn body_sizes_parse() {
