@@ -1127,7 +1127,7 @@ impl Producer {
                     keys.push(' ');
                 }
                 keys.push('k');
-                push_decimal(&mut keys, self.global as u64);
+                push_decimal(&mut keys, self.global);
                 keys.push('-');
                 push_decimal(&mut keys, seq);
                 keys.push('-');
