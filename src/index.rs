@@ -1396,3 +1396,65 @@ impl Store {
 pub fn index_dir(root: &Path) -> PathBuf {
     root.join("index")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(b: u8) -> Box<[u8]> {
+        vec![b; PAGE].into_boxed_slice()
+    }
+
+    #[test]
+    fn read_cache_is_bounded_and_evicts_cold_pages_first() {
+        let mut c = ReadCache::new(3);
+        for p in 0..3 {
+            c.insert((1, p), page(p as u8));
+        }
+        // Page 0 and 2 used: the CLOCK hand passes them and takes page 1.
+        assert_eq!(c.get((1, 0)).unwrap()[0], 0);
+        assert_eq!(c.get((1, 2)).unwrap()[0], 2);
+        c.insert((2, 7), page(9));
+        assert_eq!(c.slots.len(), 3);
+        assert!(c.get((1, 1)).is_none());
+        assert_eq!(c.get((2, 7)).unwrap()[0], 9);
+        // Replacing keeps the count; removing moves the last slot and keeps the map right.
+        c.insert((1, 0), page(5));
+        assert_eq!(c.get((1, 0)).unwrap()[0], 5);
+        assert_eq!(c.remove((1, 0)).unwrap()[0], 5);
+        assert!(c.remove((1, 0)).is_none());
+        assert_eq!(c.slots.len(), 2);
+        for (k, v) in [((1, 2), 2), ((2, 7), 9)] {
+            assert_eq!(c.get(k).unwrap()[0], v);
+        }
+        for i in 0..100 {
+            c.insert((3, i), page(i as u8));
+            assert!(c.slots.len() <= 3 && c.map.len() == c.slots.len());
+            assert_eq!(c.get((3, i)).unwrap()[0], i as u8);
+        }
+        let mut none = ReadCache::new(0);
+        none.insert((1, 1), page(1));
+        assert!(none.get((1, 1)).is_none());
+    }
+
+    #[test]
+    fn page_set_tracks_dirty_pages_once() {
+        let mut s = PageSet::default();
+        s.reset(4);
+        s.insert(0, Page::zeroed());
+        s.insert(1, Page::zeroed());
+        assert_eq!(s.len, 2);
+        // Straddles pages 0 and 1.
+        s.write(P - 2, &[1, 2, 3, 4]);
+        s.write(P - 2, &[5, 6]);
+        assert_eq!(s.dirty, vec![0, 1]);
+        assert_eq!(s.get(0).unwrap().data[PAGE - 2..], [5, 6]);
+        assert_eq!(s.get(1).unwrap().data[..2], [3, 4]);
+        s.write(8, &7i32.to_be_bytes());
+        assert_eq!(s.read_i32(8), 7);
+        assert_eq!(s.dirty, vec![0, 1]);
+        assert!(s.has(1) && !s.has(2) && !s.has(9));
+        assert!(s.remove(1).is_some() && s.remove(1).is_none());
+        assert_eq!(s.len, 1);
+    }
+}
