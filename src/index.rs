@@ -15,19 +15,19 @@
 //!   most `index_max_dirty_bytes`, a flat table indexed by page number. At open the
 //!   current file's whole slot table is read into it with 1 MiB reads (four in flight)
 //!   when it fits in 3/4 of the set (the default 20 MB table does in the default 32
-//!   MiB), and it then stays: every slot an insert or a query needs is in memory.
-//!   When the set is full the clean entry pages go (to the read cache below); only
-//!   when that is not enough is everything written out first, then slot pages are
-//!   dropped down to 3/4 of the set. A flush copies the dirty pages it writes, so the
-//!   peak is twice the set. Besides, a **read cache** of at most `index_cache_bytes`
-//!   (default 128 MiB, 6.7 M entries; 0 turns it off) keeps clean pages of any file
-//!   for queries (CLOCK eviction): entry pages the page set drops, the pages of a file
-//!   that filled, pages queries read, and at open the newest entries (the current
-//!   file's, newest first, then older files with their slot tables) read with large
-//!   reads until it is full. A page of the current file leaves the cache when it
-//!   enters the page set (it may change from then on), and a query's disk read that
-//!   raced with that is not cached (a per-file epoch). Queries look in the page set,
-//!   then the cache, then read the page with direct I/O and cache it.
+//!   MiB), and it then stays: every slot an insert or a query needs is in memory. When
+//!   the set is full the clean entry pages go (to the read cache below); only when that
+//!   is not enough is everything written out first, then slot pages are dropped down to
+//!   3/4 of the set. A flush copies the dirty pages it writes, so the peak is twice the
+//!   set (plus up to 16 MiB of I/O buffers in flight). Besides, a **read cache** of at
+//!   most `index_cache_bytes` (default 128 MiB, 6.7 M entries; 0 turns it off) keeps
+//!   clean pages of any file for queries (CLOCK eviction): entry pages the page set
+//!   drops, the pages of a file that filled, pages queries read, and at open the newest
+//!   entries (the current file's, newest first, then older files with their slot
+//!   tables) read with large reads until it is full. A page of the current file leaves
+//!   the cache when it enters the page set (it may change from then on), and a query's
+//!   disk read that raced with that is not cached (a per-file epoch). Queries look in
+//!   the page set, then the cache, then read the page with direct I/O and cache it.
 //! * **Crash-consistent writes.** A flush (every second, from the queue flusher; when
 //!   the page set is full; when a file fills; at shutdown) writes the pages it
 //!   snapshots in steps, each followed by fdatasync (within a step adjacent pages go
@@ -100,6 +100,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+/// Largest single write of a flush.
+const RUN_BYTES: usize = 1 << 20;
 /// The smallest page set allowed (`index_max_dirty_bytes / 4096`).
 pub const MIN_PAGES: usize = 16;
 /// Longest key a query accepts: no record can carry a longer one (properties are
@@ -1105,45 +1107,58 @@ impl IndexService {
             return Ok(());
         };
         let h = f.header.get();
-        // Copies of the dirty pages; they count as clean from here on (a change made
-        // while this flush runs marks its page dirty again).
-        let mut snap: Vec<(u64, Box<[u8]>)> = {
+        // Copies of the dirty pages, adjacent ones joined into runs of up to 1 MiB
+        // (the page where slots end and page 0 alone: they are written in steps). They
+        // count as clean from here on (a change made while this flush runs marks its
+        // page dirty again).
+        let boundary = (self.geo.slots_end() - 1) / P;
+        let alone = |q: u64| q == 0 || q == boundary;
+        let (mut runs, taken) = {
             let mut pages = self.pages.borrow_mut();
-            let dirty = std::mem::take(&mut pages.dirty);
-            let mut snap = Vec::with_capacity(dirty.len() + 1);
+            let mut dirty = std::mem::take(&mut pages.dirty);
+            dirty.sort_unstable();
+            let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+            let mut taken = Vec::with_capacity(dirty.len());
             for p in dirty {
-                if let Some(pg) = pages.pages[p as usize].as_deref_mut() {
-                    pg.dirty = false;
-                    snap.push((p, Box::from(&pg.data[..])));
+                let Some(pg) = pages.pages[p as usize].as_deref_mut() else {
+                    continue;
+                };
+                pg.dirty = false;
+                taken.push(p);
+                match runs.last_mut() {
+                    Some((start, buf))
+                        if !alone(p)
+                            && !alone(*start)
+                            && *start + (buf.len() / PAGE) as u64 == p
+                            && buf.len() < RUN_BYTES =>
+                    {
+                        buf.extend_from_slice(&pg.data)
+                    }
+                    _ => runs.push((p, pg.data.to_vec())),
                 }
             }
-            snap
+            (runs, taken)
         };
-        if snap.is_empty() && h == self.durable.get() {
+        if runs.is_empty() && h == self.durable.get() {
             return Ok(());
         }
-        if !snap.iter().any(|(p, _)| *p == 0) {
+        if runs.first().is_none_or(|(p, _)| *p != 0) {
             let pages = self.pages.borrow();
             let p0 = pages.get(0).expect("page 0 is always loaded");
-            snap.push((0, Box::from(&p0.data[..])));
+            runs.insert(0, (0, p0.data.to_vec()));
         }
-        for (p, data) in snap.iter_mut() {
-            if *p == 0 {
-                data[..index_file::HEADER_LEN].copy_from_slice(&h.encode());
-            }
-        }
-        snap.sort_unstable_by_key(|(p, _)| *p);
-        let r = self.write_snapshot(&f, &snap).await;
+        runs[0].1[..index_file::HEADER_LEN].copy_from_slice(&h.encode());
+        let r = self.write_snapshot(&f, &runs, boundary).await;
         if r.is_err() {
             // Not written: still dirty (never dropped as clean).
             if self.is_current(&f) {
                 let mut pages = self.pages.borrow_mut();
-                for (p, _) in &snap {
-                    if let Some(pg) = pages.pages[*p as usize].as_deref_mut()
+                for p in taken {
+                    if let Some(pg) = pages.pages[p as usize].as_deref_mut()
                         && !pg.dirty
                     {
                         pg.dirty = true;
-                        pages.dirty.push(*p);
+                        pages.dirty.push(p);
                     }
                 }
             }
@@ -1155,20 +1170,23 @@ impl IndexService {
         Ok(())
     }
 
-    /// Writes a flush's page copies (sorted by page number) in the crash-safe order of
-    /// the module docs. Within a step, adjacent pages go as one write of up to 1 MiB
-    /// and the writes of a step are in flight together; each step ends with an
-    /// fdatasync.
-    async fn write_snapshot(&self, f: &Rc<IndexFile>, snap: &[(u64, Box<[u8]>)]) -> Result<()> {
-        let boundary = (self.geo.slots_end() - 1) / P;
-        // Step 1: pages holding only entries. Step 3: the other slot pages.
-        let entries = self
-            .write_runs(f, snap.iter().filter(|(p, _)| *p > boundary))
-            .await?;
-        if entries {
+    /// Writes a flush's runs of page copies (ascending; page 0 and the page where
+    /// slots end alone) in the crash-safe order of the module docs. The writes of a
+    /// step are in flight together (up to 16); each step ends with an fdatasync.
+    async fn write_snapshot(
+        &self,
+        f: &Rc<IndexFile>,
+        runs: &[(u64, Vec<u8>)],
+        boundary: u64,
+    ) -> Result<()> {
+        // Step 1: pages holding only entries.
+        if self
+            .write_runs(f, runs.iter().filter(|(p, _)| *p > boundary))
+            .await?
+        {
             f.file.sync().await?;
         }
-        if let Some((p, data)) = snap.iter().find(|(p, _)| *p == boundary) {
+        if let Some((p, data)) = runs.iter().find(|(p, _)| *p == boundary) {
             // This page holds the last slots and the first entries: land the
             // entries first (slots as on disk), so no slot ever names an entry
             // whose sector did not make it. (When it is page 0 the rest follows
@@ -1189,8 +1207,9 @@ impl IndexService {
                 f.file.sync().await?;
             }
         }
+        // Step 3: the other slot pages.
         if self
-            .write_runs(f, snap.iter().filter(|(p, _)| *p < boundary && *p != 0))
+            .write_runs(f, runs.iter().filter(|(p, _)| *p < boundary && *p != 0))
             .await?
         {
             f.file.sync().await?;
@@ -1199,7 +1218,7 @@ impl IndexService {
         // power loss can tear its sectors apart. Written first with the header that
         // is on disk and synced, so the new header then changes only its own sector:
         // it never lands without the slots and entries it counts.
-        let (_, data) = snap
+        let (_, data) = runs
             .iter()
             .find(|(p, _)| *p == 0)
             .expect("page 0 is in every flush");
@@ -1220,30 +1239,15 @@ impl IndexService {
         Ok(())
     }
 
-    /// Writes pages (ascending) as runs of adjacent pages, up to 1 MiB each, at most
-    /// 16 writes in flight. `true` if anything was written.
+    /// Writes runs of pages, at most 16 writes in flight. `true` if anything was
+    /// written.
     async fn write_runs<'a>(
         &self,
         f: &Rc<IndexFile>,
-        pages: impl Iterator<Item = &'a (u64, Box<[u8]>)>,
+        runs: impl Iterator<Item = &'a (u64, Vec<u8>)>,
     ) -> Result<bool> {
-        const RUN_PAGES: u64 = 256;
         const IN_FLIGHT: usize = 16;
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (p, data) in pages {
-            match runs.last_mut() {
-                Some((start, buf))
-                    if *start + (buf.len() / PAGE) as u64 == *p
-                        && (buf.len() / PAGE) < RUN_PAGES as usize =>
-                {
-                    buf.extend_from_slice(data)
-                }
-                _ => runs.push((*p, data.to_vec())),
-            }
-        }
-        if runs.is_empty() {
-            return Ok(false);
-        }
+        let runs: Vec<&(u64, Vec<u8>)> = runs.collect();
         for group in runs.chunks(IN_FLIGHT) {
             let writes: Vec<_> = group
                 .iter()
@@ -1258,7 +1262,7 @@ impl IndexService {
                 }
             }
         }
-        Ok(true)
+        Ok(!runs.is_empty())
     }
 
     /// Copies `out.len()` bytes at `pos` of file `f` (within one page or two): from
