@@ -72,17 +72,28 @@
 //! the 20 MB table does not fit any CPU cache); the flush's virtio notifications
 //! (`iowrite16`, 9% of all samples before) are gone from the top of the profile.
 //!
-//! **A key query** walks dependent reads: slot, each entry of the chain (about two at
-//! one key per slot, five at the 99th percentile), then the record. With the slot
-//! table in memory a miss on an empty slot does no I/O, with the chain in the cache a
-//! hit reads only its record, and the record is read in one read instead of two (the
-//! first read takes the rest of its page). Scenario 6 at 10 M keys (5 M per shard,
-//! 100 MB of entries per shard: all in the default cache), same store, load average
-//! 6-8: before hits p50 531 us, p90 4.8 ms, p99 16.6 ms, misses p99 12 ms, RSS 169
-//! MiB; after hits p50 105 us, p90 161 us, p99 3.1 ms, misses p50 3 us, p99 16 us,
-//! RSS 391 MiB (slot tables and cache). fio 4 KiB O_DIRECT random reads at depth 1
-//! on the same disk at the same time: p50 40 us, p99 110 us, p99.9 4.0 ms; the hits'
-//! 99th percentile is one record read on a disk and two CPUs shared with other jobs.
+//! **A key query** walks dependent reads: slot, each entry of the chain (at one key
+//! per slot about two, more at the tail), then the record. With the slot table in
+//! memory a miss on an empty slot does no I/O, with the chain in the cache a hit reads
+//! only its record, and the record is read in one read instead of two (the first read
+//! takes the rest of its page). Scenario 6 at 10 M keys (5 M per shard, 100 MB of
+//! entries per shard: all in the default cache), one store, queried by the old
+//! (9bb65e8) and the new binary back to back:
+//!
+//! | load average | hits p50 / p90 / p99 | misses p50 / p99 | peak RSS |
+//! |---|---|---|---|
+//! | 7-8, before | 531 us / 4.8 ms / 16.6 ms | 227 us / 12.0 ms | 169 MiB |
+//! | 7-8, after | 105 us / 161 us / 3.1 ms | 3 us / 16 us | 391 MiB |
+//! | 11-13, before | 574 us / 4.0 ms / 27.0 ms | 245 us / 16.3 ms | |
+//! | 11-13, after | 113 us / 492 us / 5.2 ms | 4 us / 17 us | 390 MiB |
+//!
+//! (RSS: two shards' slot tables and caches.) fio 4 KiB O_DIRECT random reads at
+//! depth 1 on the same disk during the first pair: p50 40 us, p99 110 us, p99.9 4.0
+//! ms. So a hit's 99th percentile is one record read on a disk and two CPUs shared
+//! with other jobs (builds, benchmarks); the 1 ms target was not reached on this
+//! machine. Writing the 10 M-key store took 37 s with the new index; with the old one
+//! the run never finished twice (a shard's dispatch stalled at shutdown with 240 MB to
+//! go, its executor parked in `io_cqring_wait`; killed after 5 and 13 minutes).
 
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
