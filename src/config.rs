@@ -108,6 +108,11 @@ pub struct StoreConfig {
     /// How often the free space is re-read while it is plentiful (between reads the
     /// bytes written since are subtracted; near the limit it is read on every put).
     pub disk_check_interval: Duration,
+    /// Memory for clean key-index pages kept for queries (entry pages, and slot pages
+    /// of full files), besides `index_max_dirty_bytes`; filled at open with the newest
+    /// entries. 0: none (every query reads its chain from disk). The default (128
+    /// MiB) holds 6.7 million entries.
+    pub index_cache_bytes: usize,
 }
 
 pub const PAGE: u64 = 4096;
@@ -150,6 +155,7 @@ impl StoreConfig {
             disk_full_ratio: 0.90,
             disk_min_free_bytes: None,
             disk_check_interval: Duration::from_secs(1),
+            index_cache_bytes: 128 << 20,
         }
     }
 

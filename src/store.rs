@@ -586,7 +586,10 @@ impl Store {
         if offset < log.min_offset() || !fits(record::MIN_RECORD_LEN as u64) {
             return Ok(None);
         }
-        let head = log.read(offset, 8).await?;
+        // A direct read costs whole blocks anyway: the first read takes the rest of
+        // the page (at least 1 KiB), which usually holds the whole record.
+        let first = (4096 - offset % 4096).max(1024).min(visible - offset);
+        let head = log.read(offset, first as usize).await?;
         let Ok((size, _)) = record::peek_header(&head) else {
             return Ok(None);
         };
@@ -596,7 +599,11 @@ impl Store {
         {
             return Ok(None);
         }
-        let raw = log.read(offset, size as usize).await?;
+        let raw = if size as usize <= head.len() {
+            head.slice(..size as usize)
+        } else {
+            log.read(offset, size as usize).await?
+        };
         let verify = Verify {
             crc: true,
             at_offset: Some(offset as i64),

@@ -162,16 +162,76 @@ pub fn abs_hash(h: i32) -> i32 {
 }
 
 /// Java `hashCode` continued over more text (UTF-16 units), so `topic#key` is
-/// hashed without building the string.
-fn continue_hash(h: i32, s: &str) -> i32 {
-    s.encode_utf16()
+/// hashed without building the string. ASCII (one UTF-16 unit per byte) is hashed
+/// byte by byte; the rest of the text from its first other character goes through
+/// `encode_utf16`.
+fn continue_hash(mut h: i32, s: &str) -> i32 {
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() && b[i] < 0x80 {
+        h = h.wrapping_mul(31).wrapping_add(b[i] as i32);
+        i += 1;
+    }
+    if i == b.len() {
+        return h;
+    }
+    // `i` is a character boundary: every byte before it is ASCII.
+    s[i..]
+        .encode_utf16()
         .fold(h, |h, unit| h.wrapping_mul(31).wrapping_add(unit as i32))
 }
 
 /// Hash of the index key `topic#key`, as stored in entries.
 pub fn key_hash(topic: &str, key: &str) -> i32 {
-    let h = continue_hash(continue_hash(0, topic), "#");
-    abs_hash(continue_hash(h, key))
+    key_hash_with(topic_prefix_hash(topic), key)
+}
+
+/// The hash state after `topic#`: computed once per record, then
+/// [`key_hash_with`] for each of its keys.
+pub fn topic_prefix_hash(topic: &str) -> i32 {
+    continue_hash(continue_hash(0, topic), "#")
+}
+
+/// [`key_hash`] of `topic#key` from `topic`'s [`topic_prefix_hash`].
+pub fn key_hash_with(prefix: i32, key: &str) -> i32 {
+    abs_hash(continue_hash(prefix, key))
+}
+
+/// The `UNIQ_KEY` and `KEYS` values of an encoded properties region, in one pass,
+/// as [`super::properties::get`] finds them (the first segment of that name with a
+/// valid UTF-8 value). Names are compared as bytes; only the two values used are
+/// checked for UTF-8.
+pub fn index_properties(props: &[u8]) -> (Option<&str>, Option<&str>) {
+    use super::properties::{KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, UNIQ_KEY};
+    let (mut uniq, mut keys) = (None, None);
+    for seg in props.split(|b| *b == PROPERTY_SEPARATOR) {
+        if seg.len() < 3 {
+            continue;
+        }
+        let Some(sep) = seg.iter().position(|b| *b == NAME_VALUE_SEPARATOR) else {
+            continue;
+        };
+        if sep == 0 || sep == seg.len() - 1 {
+            continue;
+        }
+        let name = &seg[..sep];
+        let slot = if name == KEYS.as_bytes() {
+            &mut keys
+        } else if name == UNIQ_KEY.as_bytes() {
+            &mut uniq
+        } else {
+            continue;
+        };
+        if slot.is_none()
+            && let Ok(v) = std::str::from_utf8(&seg[sep + 1..])
+        {
+            *slot = Some(v);
+            if uniq.is_some() && keys.is_some() {
+                break;
+            }
+        }
+    }
+    (uniq, keys)
 }
 
 /// Hash of the typed unique-key form `topic#U#key` some newer writers use.
@@ -339,6 +399,8 @@ mod tests {
             ("T", ""),
             ("%RETRY%g", "\u{1F600}x"),
             ("a", "b c"),
+            ("T\u{e9}", "x\u{1F600}y"),
+            ("Topic", "k\u{7f}\u{80}"),
         ] {
             let h = string_hash_code(&format!("{t}#{k}"));
             assert_eq!(key_hash(t, k), abs_hash(h));
@@ -361,6 +423,30 @@ mod tests {
         };
         assert_eq!(g.slot_of(81_916), 6);
         assert_eq!(g.slot_of(0), 0);
+    }
+
+    #[test]
+    fn one_pass_properties_match_get() {
+        use crate::format::properties::{self, KEYS, UNIQ_KEY};
+        let cases: Vec<Vec<u8>> = vec![
+            b"".to_vec(),
+            b"KEYS\x01a b\x02UNIQ_KEY\x01U1\x02TAGS\x01t\x02".to_vec(),
+            b"TAGS\x01t\x02UNIQ_KEY\x01U1\x02KEYS\x01k\x02KEYS\x01second\x02".to_vec(),
+            // An invalid value is skipped; the next segment of that name counts.
+            b"KEYS\x01\xff\xfe\x02KEYS\x01ok\x02".to_vec(),
+            b"KEYS\x01\x02\x01KEYS\x02KEYS\x01x\x01y\x02UNIQ_KEY".to_vec(),
+            "KEYS\u{1}\u{1F600} \u{e9}\u{2}".as_bytes().to_vec(),
+        ];
+        for props in &cases {
+            assert_eq!(
+                index_properties(props),
+                (
+                    properties::get(props, UNIQ_KEY),
+                    properties::get(props, KEYS)
+                ),
+                "{props:?}"
+            );
+        }
     }
 
     #[test]
