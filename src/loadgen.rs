@@ -992,6 +992,12 @@ async fn shard_job(index: usize, store: Store, plan: Arc<Plan>) -> ShardResult {
         ));
     }
     shard.drained.set(true);
+    if plan.cfg.kill_after_flush {
+        // The main thread SIGKILLs the process once every shard's log is flushed: a
+        // shard done early must not shut down cleanly before then (scenario 7 then
+        // timed one clean and one abnormal open).
+        std::future::pending::<()>().await;
+    }
     let c = shard.counters();
     ShardResult {
         start_ns,
@@ -2603,6 +2609,7 @@ fn recover(
                 "dispatched_from": r.dispatched_from,
                 "entries_rebuilt": r.entries_rebuilt,
                 "queues": r.queues,
+                "open_phases_seconds": r.phases.iter().map(|(n, s)| json!([n, s])).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -2632,13 +2639,18 @@ fn recover(
     for (i, (r, _, _)) in results.iter().enumerate() {
         let _ = writeln!(
             text,
-            "  shard {i}     scanned {} records, rebuilt {} queue entries from {}, log end {}{}",
+            "  shard {i}     scanned {} records, rebuilt {} queue entries from {}, log end {}{}\n              open steps: {}",
             r.records_scanned,
             r.entries_rebuilt,
             r.dispatched_from,
             r.log_end,
             r.truncated
-                .map_or(String::new(), |(at, n)| format!(", cut {n} bytes at {at}"))
+                .map_or(String::new(), |(at, n)| format!(", cut {n} bytes at {at}")),
+            r.phases
+                .iter()
+                .map(|(n, s)| format!("{n} {s:.3} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok((report, text, None))
