@@ -70,6 +70,17 @@
 //! (16 in flight) and 0.68-0.71 (8 in flight, read-ahead 16); 2 or 4 in flight
 //! stayed at 0.39-0.60, read-ahead 8 or 32 did no better than 16.
 //!
+//! The committed code (dense gets bypass the cache, 64 MiB / 8 in flight / read-ahead
+//! 16), 23:25 UTC, quieter machine (load average 2), same-minute fio:
+//!
+//! | run | 5b no cache | 5b cache | 5a no cache | 5a cache (bypassed) |
+//! |---|---|---|---|---|
+//! | 1 | 241 MB/s (0.35) | 597 MB/s (0.82), 404 MiB RSS | 775 (1.19) | 556 (0.96) |
+//! | 2 | 181 MB/s (0.26) | 723 MB/s (0.56; fio 1287 that minute), 395 MiB | 1127 (1.39) | 1306 (1.54) |
+//!
+//! 5a takes the same path either way (peak RSS 176 MiB in all four runs: no block
+//! read); its spread is the disk's.
+//!
 //! What still limits 5b: the disk is busy only part of the time. Block reads under
 //! full load take 11-30 ms (p50-p90) with 8 in flight per shard, and every `get` first
 //! reads its ConsumeQueue entries with a dependent small read that waits behind the
