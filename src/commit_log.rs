@@ -268,6 +268,13 @@ impl CommitLog {
         self.dir.join(io::offset_name(start))
     }
 
+    /// The segment file holding commit-log offset `off` and the position in it (for
+    /// the read cache, which reads whole committed blocks itself).
+    pub(crate) fn file_at(&self, off: u64) -> Option<(Rc<File>, u64)> {
+        let seg = self.segment_start(off);
+        self.segment_file(seg).map(|f| (f, off - seg))
+    }
+
     fn segment_file(&self, start: u64) -> Option<Rc<File>> {
         self.segments.borrow().get(&start).cloned()
     }

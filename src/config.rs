@@ -113,6 +113,20 @@ pub struct StoreConfig {
     /// entries. 0: none (every query reads its chain from disk). The default (128
     /// MiB) holds 6.7 million entries.
     pub index_cache_bytes: usize,
+    /// Memory of the per-shard CommitLog read cache (`crate::read_cache`): large
+    /// blocks read with O_DIRECT and shared by every `get` that misses the write
+    /// windows, so consumers catching up on interleaved queues read the log once, in
+    /// large reads. 0 disables it (every record is then read from the file on its own).
+    pub read_cache_bytes: usize,
+    /// Size of one read-cache block (a power of two, at least 4096); a block never
+    /// spans two segments (it shrinks to the largest power of two dividing the
+    /// segment size when needed).
+    pub read_cache_block_bytes: usize,
+    /// Block reads the read cache keeps in flight at once per shard.
+    pub read_cache_inflight: usize,
+    /// Blocks read ahead of a reader: the next blocks a `get` needs, and the blocks
+    /// after one read sequentially.
+    pub read_cache_readahead_blocks: usize,
 }
 
 pub const PAGE: u64 = 4096;
@@ -156,6 +170,10 @@ impl StoreConfig {
             disk_min_free_bytes: None,
             disk_check_interval: Duration::from_secs(1),
             index_cache_bytes: 128 << 20,
+            read_cache_bytes: 64 << 20,
+            read_cache_block_bytes: 1 << 20,
+            read_cache_inflight: 8,
+            read_cache_readahead_blocks: 16,
         }
     }
 
@@ -267,6 +285,21 @@ impl StoreConfig {
                 "index_max_dirty_bytes {} must be at least {}",
                 self.index_max_dirty_bytes,
                 crate::index::MIN_PAGES * PAGE as usize
+            ));
+        }
+        let rb = self.read_cache_block_bytes;
+        if rb < PAGE as usize || !rb.is_power_of_two() {
+            return bad(format!(
+                "read_cache_block_bytes {rb} must be a power of two, at least 4096"
+            ));
+        }
+        if self.read_cache_bytes != 0
+            && (self.read_cache_bytes < rb || self.read_cache_inflight == 0)
+        {
+            return bad(format!(
+                "read_cache_bytes {} must be 0 (off) or at least read_cache_block_bytes {rb}, \
+                 with read_cache_inflight positive",
+                self.read_cache_bytes
             ));
         }
         if self.query_max == 0

@@ -20,6 +20,7 @@ pub mod io;
 pub mod loadgen;
 pub mod message;
 pub mod node;
+pub mod read_cache;
 pub mod remoting;
 pub mod shard;
 pub mod sim;

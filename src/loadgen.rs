@@ -392,6 +392,10 @@ pub struct LoadConfig {
     /// default: the store's default
     #[arg(long, value_name = "MIB")]
     pub max_dispatch_lag_mib: Option<u64>,
+    /// Memory of each shard's CommitLog read cache in MiB (the store's
+    /// `read_cache_bytes`; 0 turns it off); the store's default when not given
+    #[arg(long, value_name = "MIB")]
+    pub read_cache_mib: Option<u64>,
 }
 
 #[derive(clap::Parser)]
@@ -2073,6 +2077,9 @@ pub fn run_mode(cfg: &LoadConfig) -> Result<bool, String> {
         .unwrap_or_default();
     let mut template = StoreConfig::new(&dir);
     template.flush_mode = cfg.flush.mode();
+    if let Some(mib) = cfg.read_cache_mib {
+        template.read_cache_bytes = (mib << 20) as usize;
+    }
     let (mut report, text, svg) = match cfg.mode {
         Mode::Produce => unreachable!("handled above"),
         Mode::CatchUp => catch_up(cfg, &dir, shards, &template)?,
@@ -2191,6 +2198,8 @@ struct ReadResult {
     gets: u64,
     first_error: Option<String>,
     get_latency: Histogram<u64>,
+    /// The shard's read-cache counters at the end (zeros when it is off).
+    cache: crate::read_cache::ReadCacheStats,
 }
 
 /// One shard's readers' shared tallies.
@@ -2251,6 +2260,16 @@ fn catch_up(
         "log_bytes_read": log,
         "log_size_bytes": size,
         "gets": sum(|r| r.gets),
+        "read_cache": {
+            "block_reads": sum(|r| r.cache.reads),
+            "read_ahead": sum(|r| r.cache.read_ahead),
+            "bytes_read": sum(|r| r.cache.bytes_read),
+            "hits": sum(|r| r.cache.hits),
+            "shared": sum(|r| r.cache.shared),
+            "misses": sum(|r| r.cache.misses),
+            "evictions": sum(|r| r.cache.evictions),
+            "failed": sum(|r| r.cache.failed),
+        },
         "seconds": secs,
         "messages_per_sec": rate(messages as f64),
         "mb_per_sec": rate(body as f64 / 1e6),
@@ -2283,6 +2302,18 @@ fn catch_up(
         hist.len()
     );
     let _ = writeln!(text, "  cpu         {:.2} s", cpu_end - cpu_start);
+    let _ = writeln!(
+        text,
+        "  read cache  {:.1} MB read in {} block reads ({} ahead); lookups: {} hits, {} \
+         shared reads, {} misses; {} evictions",
+        sum(|r| r.cache.bytes_read) as f64 / 1e6,
+        sum(|r| r.cache.reads),
+        sum(|r| r.cache.read_ahead),
+        sum(|r| r.cache.hits),
+        sum(|r| r.cache.shared),
+        sum(|r| r.cache.misses),
+        sum(|r| r.cache.evictions),
+    );
     if let Some(e) = report["first_error"].as_str() {
         let _ = writeln!(text, "  ERRORS      {e}");
     }
@@ -2327,6 +2358,7 @@ async fn catch_up_job(store: Store, batch: usize, done: Arc<[AtomicU64; 2]>) -> 
         gets: tally.gets.get(),
         first_error: tally.first_error.borrow_mut().take(),
         get_latency: hist.replace(new_histogram()),
+        cache: store.read_cache_stats().unwrap_or_default(),
     }
 }
 

@@ -107,6 +107,8 @@ struct Inner {
     lock: RefCell<Option<RootLock>>,
     /// The key index (issue 4); `None` when `index_enable` is off.
     index: Option<Rc<crate::index::IndexService>>,
+    /// Large committed log blocks shared by reads that miss the windows (`read_cache`).
+    read_cache: Option<Rc<crate::read_cache::ReadCache>>,
 }
 
 /// What `open` found and did, for logs and tests.
@@ -244,6 +246,7 @@ impl Store {
             tasks: RefCell::new(Vec::new()),
             lock: RefCell::new(Some(lock)),
             index,
+            read_cache: crate::read_cache::ReadCache::new(&cfg),
         });
         let queues_damaged = inner.load_queues(log.min_offset(), log_end).await?;
         phases.lap("queues");
@@ -329,6 +332,11 @@ impl Store {
     /// The key index, when enabled (see `crate::index`).
     pub(crate) fn index_service(&self) -> Option<&Rc<crate::index::IndexService>> {
         self.inner.index.as_ref()
+    }
+
+    /// Counters of the CommitLog read cache (`None` when `read_cache_bytes` is 0).
+    pub fn read_cache_stats(&self) -> Option<crate::read_cache::ReadCacheStats> {
+        self.inner.read_cache.as_ref().map(|c| c.stats())
     }
 
     /// Stores one message. Never fails with an error: refusals and failures are
@@ -1244,8 +1252,47 @@ impl Inner {
         const MERGE_GAP: u64 = 8 << 10;
         const MAX_SPAN: u64 = 1 << 20;
         const IN_FLIGHT: usize = 16;
+        // Records wholly inside committed blocks and not in a window come through the
+        // read cache (large shared reads, copied out); they are the leading entries,
+        // since windows hold the newest bytes and committed only grows.
+        let max_record = self.cfg.max_record_bytes() as u64;
+        let cached = match &self.read_cache {
+            Some(cache) => {
+                let below = cache.cacheable_below(self.log.committed.get());
+                let k = entries
+                    .iter()
+                    .take_while(|(_, e)| {
+                        let (start, size) = (e.phys_offset as u64, e.size as u64);
+                        e.size > 0
+                            && size <= max_record
+                            && start.checked_add(size).is_some_and(|end| end <= below)
+                            && !self.log.is_resident(start)
+                    })
+                    .count();
+                // A get whose records fill most of their span (one queue written alone:
+                // scenario 5a) reads its own large spans below, as fast as the disk,
+                // without waiting behind read-ahead; sparse gets (interleaved queues)
+                // share cached blocks.
+                let span = entries[..k].last().map_or(0, |(_, e)| {
+                    e.phys_offset as u64 + e.size as u64 - entries[0].1.phys_offset as u64
+                });
+                let bytes: u64 = entries[..k].iter().map(|(_, e)| e.size as u64).sum();
+                let k = if bytes * 2 >= span { 0 } else { k };
+                let ranges: Vec<(u64, usize)> = entries[..k]
+                    .iter()
+                    .map(|(_, e)| (e.phys_offset as u64, e.size as usize))
+                    .collect();
+                cache.read_ranges(&self.log, &ranges).await?
+            }
+            None => Vec::new(),
+        };
+        for ((qoff, e), raw) in entries.iter().zip(&cached) {
+            self.verify_entry_record(topic, queue_id, *qoff, e, raw)?;
+        }
+        let mut out = cached;
+        let first = out.len();
         let mut spans: Vec<(u64, u64, std::ops::Range<usize>)> = Vec::new();
-        let mut i = 0;
+        let mut i = first;
         while i < entries.len() {
             let start = entries[i].1.phys_offset as u64;
             let mut end = start + entries[i].1.size as u64;
@@ -1266,7 +1313,7 @@ impl Inner {
             i = j;
         }
         // Disk reads go out together (up to IN_FLIGHT at once), not one after another.
-        let mut out = Vec::with_capacity(entries.len());
+        out.reserve(entries.len() - first);
         for group in spans.chunks(IN_FLIGHT) {
             let reads = group
                 .iter()
