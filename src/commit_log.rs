@@ -28,11 +28,11 @@
 //! the partial page of the open window every few KiB (RocketMQ's "commit least
 //! pages" rule, which the full-window rule replaces).
 
-use crate::config::{FlushMode, StoreConfig};
+use crate::config::{FlushMode, StoreConfig, SyncFlushIo};
 use crate::error::{Error, Result};
 use crate::format::Corruption;
 use crate::format::record::{self, Decoded, Verify};
-use crate::io::{self, File, PAGE, align_down, align_up};
+use crate::io::{self, AlignedBuf, File, PAGE, align_down, align_up};
 use crate::sync::{Notify, OffsetWatch, join_all};
 use bytes::{Bytes, BytesMut};
 use glommio::allocate_dma_buffer;
@@ -111,6 +111,15 @@ pub struct CommitLog {
     flush_now: Cell<bool>,
     /// Records at or after this offset must carry the record-CRC property.
     crc_required_from: Cell<u64>,
+    /// Buffers of finished sync rounds, reused by the next ones.
+    round_bufs: RefCell<Vec<AlignedBuf>>,
+    /// The range the prewriter is zero-filling right now: commits must not write
+    /// there until it is done (two in-flight writes of a page land in any order).
+    prewrite_inflight: Cell<Option<(u64, u64)>>,
+    /// Notified when a prewrite chunk finished.
+    prewrite_idle: Notify,
+    /// Notified after each commit round (the prewriter follows the write position).
+    prewrite_wake: Notify,
 }
 
 /// Where a blob of records goes: `start`, after an optional blank at `blank_at`.
@@ -206,6 +215,10 @@ impl CommitLog {
             stopping: Cell::new(false),
             flush_now: Cell::new(false),
             crc_required_from: Cell::new(crc_required_from),
+            round_bufs: RefCell::new(Vec::new()),
+            prewrite_inflight: Cell::new(None),
+            prewrite_idle: Notify::default(),
+            prewrite_wake: Notify::default(),
             cfg,
         });
         // Re-verify at least the segment holding the last flushed byte on every open
@@ -858,6 +871,7 @@ impl CommitLog {
             s += self.seg_bytes;
         }
         let target = limit(self).min(last_seg + self.seg_bytes);
+        self.wait_prewrite_clear(target).await;
         let ts = self.last_put_ts.get();
         let writes = self.plan_commit(start, target);
         let inflight = self.cfg.commit_max_inflight;
@@ -884,6 +898,7 @@ impl CommitLog {
         }
         self.committed_ts.set(ts);
         self.committed.set(target);
+        self.prewrite_wake.notify();
         // Keep one segment ahead so the commit path rarely creates files.
         self.ensure_segment(last_seg + self.seg_bytes).await?;
         Ok(true)
@@ -922,6 +937,173 @@ impl CommitLog {
         writes
     }
 
+    /// One sync-flush round ([`SyncFlushIo::DsyncWrite`]): copies
+    /// `[align_down(committed), written)` (at most `commit_chunk_bytes *
+    /// commit_max_inflight`) out of the windows and makes it durable with one
+    /// `pwritev2(RWF_DSYNC)` per segment touched; then committed and flushed move
+    /// together. Returns whether anything was written.
+    async fn sync_round(&self) -> Result<bool> {
+        let start = self.committed.get();
+        debug_assert_eq!(start, self.flushed.get());
+        let max = (self.cfg.commit_chunk_bytes * self.cfg.commit_max_inflight) as u64;
+        let target = self.written.get().min(align_down(start) + max);
+        if target <= start {
+            return Ok(false);
+        }
+        let last_seg = self.segment_start(target - 1);
+        let mut s = self.segment_start(start);
+        while s <= last_seg {
+            self.ensure_segment(s).await?;
+            s += self.seg_bytes;
+        }
+        // Puts may have appended while a segment was created: take them too.
+        let target = self
+            .written
+            .get()
+            .min(align_down(start) + max)
+            .min(last_seg + self.seg_bytes);
+        self.wait_prewrite_clear(target).await;
+        let ts = self.last_put_ts.get();
+        let mut writes = Vec::new();
+        let mut pos = align_down(start);
+        while pos < target {
+            let seg = self.segment_start(pos);
+            let end = target.min(seg + self.seg_bytes);
+            let len = align_up(end - pos) as usize;
+            let mut buf = self.take_round_buf(len);
+            self.copy_from_windows(pos, buf.as_mut_slice());
+            let file = self
+                .segment_file(seg)
+                .expect("segments ensured before planning");
+            writes.push(async move { file.write_durable(pos - seg, buf).await });
+            pos = end;
+        }
+        for r in join_all(writes).await {
+            self.round_bufs.borrow_mut().push(r?);
+        }
+        self.committed_ts.set(ts);
+        self.committed.set(target);
+        self.flushed_ts.set(ts);
+        self.flushed.set(target);
+        self.prewrite_wake.notify();
+        // Keep one segment ahead so rounds rarely create files.
+        self.ensure_segment(last_seg + self.seg_bytes).await?;
+        Ok(true)
+    }
+
+    /// Waits until no prewrite in flight overlaps a commit of bytes below `target`.
+    async fn wait_prewrite_clear(&self, target: u64) {
+        while let Some((from, _)) = self.prewrite_inflight.get() {
+            if from >= align_up(target) {
+                return;
+            }
+            self.prewrite_idle.wait().await;
+        }
+    }
+
+    /// The prewriter: keeps `[written + chunk, written + ahead)` zero-filled with large
+    /// writes, each chunk fdatasynced (so the block allocation is journaled here, not
+    /// by a sync round's flush). It only writes at or past the page of `written`,
+    /// where no commit has written yet, and a commit that would reach a chunk in
+    /// flight waits for it ([`Self::wait_prewrite_clear`]). Errors are logged and
+    /// end prewriting (it is an optimisation; the log is correct without it).
+    async fn run_prewriter(self: Rc<Self>) {
+        let ahead = self.cfg.prewrite_bytes();
+        let unit = self.win_bytes;
+        let chunk = (4 * unit).min(align_down(ahead / 2)).max(PAGE as u64);
+        let mut zeros = allocate_dma_buffer(unit as usize);
+        zeros.as_bytes_mut().fill(0);
+        let zeros = Rc::new(zeros);
+        let mut done = 0;
+        loop {
+            if self.stopping.get() || self.failure().is_some() {
+                return;
+            }
+            let w = align_up(self.written.get());
+            let from = done.max(w + chunk);
+            let seg = self.segment_start(from);
+            let to = (from + chunk).min(w + ahead).min(seg + self.seg_bytes);
+            let file = self.segment_file(seg);
+            let (Some(file), true) = (file, from < to) else {
+                futures_lite::future::or(
+                    self.prewrite_wake.wait(),
+                    glommio::timer::sleep(Duration::from_millis(100)),
+                )
+                .await;
+                continue;
+            };
+            self.prewrite_inflight.set(Some((from, to)));
+            let mut writes = Vec::new();
+            let mut pos = from;
+            while pos < to {
+                let end = ((pos / unit + 1) * unit).min(to);
+                let at = pos - seg;
+                let f = file.clone();
+                if end - pos == unit {
+                    let z = zeros.clone();
+                    writes.push(Box::pin(async move { f.write_rc(at, z).await })
+                        as Pin<Box<dyn Future<Output = Result<()>>>>);
+                } else {
+                    let len = (end - pos) as usize;
+                    writes.push(Box::pin(async move {
+                        let mut b = allocate_dma_buffer(len);
+                        b.as_bytes_mut().fill(0);
+                        f.write_buf(at, b).await
+                    }));
+                }
+                pos = end;
+            }
+            let mut result = Ok(());
+            for r in join_all(writes).await {
+                result = result.and(r);
+            }
+            if result.is_ok() {
+                result = file.sync().await;
+            }
+            self.prewrite_inflight.set(None);
+            self.prewrite_idle.notify();
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "commit-log prewrite failed; prewriting stops");
+                return;
+            }
+            done = to;
+        }
+    }
+
+    /// A reused round buffer of exactly `len` bytes (its tail past the written
+    /// position must be zeros: the partial last page is written padded).
+    fn take_round_buf(&self, len: usize) -> AlignedBuf {
+        let mut bufs = self.round_bufs.borrow_mut();
+        let mut buf = match bufs.iter().position(|b| b.capacity() >= len) {
+            Some(i) => bufs.swap_remove(i),
+            None => AlignedBuf::new(len.max(256 << 10)),
+        };
+        buf.set_len(len);
+        buf
+    }
+
+    /// Copies the window bytes at `[pos, pos + dst.len())` into `dst`; bytes past
+    /// `written` are zeros (windows are zeroed when recycled).
+    fn copy_from_windows(&self, pos: u64, dst: &mut [u8]) {
+        let w = self.windows.borrow();
+        let mut at = pos;
+        let mut out = 0;
+        while out < dst.len() {
+            let idx = at / self.win_bytes;
+            let off = (at % self.win_bytes) as usize;
+            let n = (dst.len() - out).min(self.win_bytes as usize - off);
+            if idx >= w.first + w.resident.len() as u64 {
+                // Past the open window: nothing written there yet.
+                dst[out..].fill(0);
+                return;
+            }
+            let win = &w.resident[(idx - w.first) as usize];
+            dst[out..out + n].copy_from_slice(&win.bytes()[off..off + n]);
+            out += n;
+            at += n as u64;
+        }
+    }
+
     /// One flush round: fdatasync every segment holding committed, unflushed bytes.
     async fn flush_once(&self) -> Result<()> {
         let start = self.flushed.get();
@@ -944,11 +1126,27 @@ impl CommitLog {
 
     /// The writer task: commits and flushes by the flush mode's rules until stopped.
     pub async fn run_writer(self: Rc<Self>) {
+        let prewriter = if self.cfg.prewrite_bytes() > 0 {
+            use glommio::{Latency, Shares, executor};
+            let tq = executor().create_task_queue(
+                Shares::Static(100),
+                Latency::NotImportant,
+                "commit-log-prewrite",
+            );
+            glommio::spawn_local_into(self.clone().run_prewriter(), tq).ok()
+        } else {
+            None
+        };
         if let Err(e) = self.writer_loop().await {
             tracing::error!(error = %e, "commit log writer failed; the shard stops taking writes");
             *self.failed.borrow_mut() = Some(e.to_string());
             self.committed.close();
             self.flushed.close();
+        }
+        self.stopping.set(true);
+        self.prewrite_wake.notify();
+        if let Some(p) = prewriter {
+            p.await;
         }
     }
 
@@ -971,6 +1169,22 @@ impl CommitLog {
                 || flush_now
                 || flush_time
                 || now - last_commit >= cfg.commit_interval;
+            if sync && cfg.sync_flush_io == SyncFlushIo::DsyncWrite {
+                // Group commit: one durable write per round, the next round at once
+                // with everything appended meanwhile.
+                if self.sync_round().await? {
+                    continue;
+                }
+                if stopping && self.flushed.get() == self.written.get() {
+                    return Ok(());
+                }
+                futures_lite::future::or(
+                    self.writer_wake.wait(),
+                    glommio::timer::sleep(Duration::from_millis(10)),
+                )
+                .await;
+                continue;
+            }
             let commit_due = self.commit_once(partial).await?;
             if commit_due {
                 last_commit = Instant::now();
