@@ -64,7 +64,47 @@
 //! latency target (p99 within 2x fio's write+fdatasync) is only reachable at lower
 //! outstanding counts, where the round is disk-bound.
 //!
-//! Measured (see MEASUREMENTS below).
+//! ## Measured (2026-12-02, 22:00-22:57 UTC)
+//!
+//! `coremq bench --flush sync --duration 5 --body 1024 --queues 64 --outstanding N
+//! [--shards 1]`, each run right after fio's 4 KiB write + fdatasync (`--ioengine=sync
+//! --fdatasync=1 --direct=1` on a pre-written 256 MiB file, 3 s), variants interleaved.
+//! The machine was heavily shared (load average 7-8 on 2 CPUs, other helpers building
+//! and benchmarking): fio's write+fdatasync p50 swung between 0.1 and 4 ms from one
+//! minute to the next (145 us when quiet), so fio ratios from this hour mean little;
+//! compare the variants. Round figures come from temporary per-round instrumentation.
+//!
+//! | 1 shard, 256 outstanding | msg/s | put p50 | put p99 | round I/O avg | gap between rounds |
+//! |---|---|---|---|---|---|
+//! | before (ring write, ring fdatasync, sparse segments) | 54,000 | 3.3 ms | 15.1 ms | 3.5 ms | 955 us |
+//! | ring, writer queue `Latency::Matters` | 38,000 | 5.0 ms | 22.4 ms | 3.4 ms | 3 us |
+//! | dsync thread, writer `NotImportant` | 94,000 | 1.6 ms | 16.9 ms | 1.5 ms | 983 us |
+//! | dsync thread + `Matters` | 105,000 | 1.46 ms | 8.0 ms | 1.2 ms | 197 us |
+//! | + prewrite (this code), two runs | 125,000-130,000 | 1.34-1.45 ms | 7.1-7.6 ms | 0.94-1.0 ms | 200 us |
+//! | same minute without prewrite, two runs | 50,000-88,000 | 1.6-1.7 ms | 9.5-62 ms | 1.4-2.5 ms | 60-170 us |
+//!
+//! Prewrite cut the round's p90 from 2.7-3.9 ms to 1.3 ms. Interleaved with the old
+//! binary at 22:54 (1 shard, 256): before 85,391 msg/s, p50 1.71 ms, p99 12.8 ms; now
+//! 120,702 msg/s, p50 1.43 ms, p99 7.8 ms (fio write+fdatasync p99 that minute: 13 ms).
+//!
+//! Two shards (N per shard), interleaved at 22:53-22:55 with the disk saturated (the
+//! `RWF_DSYNC` syscall of a 150 KB round took 1.25 ms at p50, and the device was the
+//! limit):
+//!
+//! | outstanding | before: msg/s, p50, p99 | now: msg/s, p50, p99 |
+//! |---|---|---|
+//! | 256 | 203,064, 1.79 ms, 11.6 ms | 162,600, 2.41 ms, 6.9 ms |
+//! | 128 | 149,522, 1.22 ms, 6.7 ms | 126,656, 1.60 ms, 4.5 ms |
+//! | 32 | 74,666, 0.53 ms, 5.5 ms | 57,410, 0.94 ms, 3.2 ms |
+//!
+//! and at 22:56 (256): now 147,683 msg/s (p99 11.6 ms); without prewrite 118,974 (p99
+//! 20.9 ms); ring + `Matters` + prewrite 128,152 (9.4 ms); ring + prewrite 157,937
+//! (10.5 ms); before 160,858 (10.3 ms). On two shards with a saturated disk the
+//! throughput differences are within the run-to-run noise, the p99 is lower in most
+//! runs; on one shard the new path is clearly ahead. Not reached: 300,000 msg/s at 256
+//! outstanding and p99 within 2x fio. Left to try: overlapping rounds (queue round k+1
+//! behind k on the sync-write thread and let it grow until the thread takes it), and
+//! the per-put timeout timer of sync puts (`store.rs`).
 
 use crate::config::{FlushMode, StoreConfig, SyncFlushIo};
 use crate::error::{Error, Result};
