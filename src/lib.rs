@@ -27,7 +27,7 @@ pub mod sim;
 pub mod store;
 mod sync;
 
-pub use config::{FlushMode, StoreConfig};
+pub use config::{FlushMode, StoreConfig, SyncFlushIo};
 pub use error::{Error, Result};
 pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,

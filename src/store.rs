@@ -1440,8 +1440,16 @@ impl Inner {
 
     fn spawn_tasks(self: &Rc<Self>) -> Result<()> {
         use glommio::{Latency, Shares, executor};
+        let sync = self.cfg.flush_mode == FlushMode::Sync;
         let tq = |name: &str, shares: usize| {
-            executor().create_task_queue(Shares::Static(shares), Latency::NotImportant, name)
+            // A sync-flush writer's I/O completions preempt other task queues, so the
+            // next group-commit round starts at once (see `commit_log`'s docs).
+            let latency = if sync && name == "commit-log-writer" {
+                Latency::Matters(std::time::Duration::from_millis(1))
+            } else {
+                Latency::NotImportant
+            };
+            executor().create_task_queue(Shares::Static(shares), latency, name)
         };
         let spawn =
             |name: &str,

@@ -24,7 +24,9 @@ mod common;
 
 use child::*;
 use common::run;
-use coremq::{FlushMode, GetStatus, Message, PutStatus, Store, StoreConfig, StoredMessage};
+use coremq::{
+    FlushMode, GetStatus, Message, PutStatus, Store, StoreConfig, StoredMessage, SyncFlushIo,
+};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -38,6 +40,8 @@ const ACKS_ENV: &str = "COREMQ_CRASH_ACKS";
 const READY_ENV: &str = "COREMQ_CRASH_READY";
 const MODE_ENV: &str = "COREMQ_CRASH_MODE";
 const CHILD_SEED_ENV: &str = "COREMQ_CRASH_CHILD_SEED";
+/// `ring`: the child's sync flush uses `SyncFlushIo::RingWriteFdatasync`.
+const SYNC_IO_ENV: &str = "COREMQ_CRASH_SYNC_IO";
 
 const TOPICS: [&str; 3] = ["CrashA", "CrashB", "%RETRY%crash-group"];
 const QUEUES_PER_TOPIC: i32 = 3;
@@ -97,8 +101,13 @@ fn crash_child() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(7);
+    let io = match std::env::var(SYNC_IO_ENV).as_deref() {
+        Ok("ring") => SyncFlushIo::RingWriteFdatasync,
+        _ => SyncFlushIo::DsyncWrite,
+    };
     run(move || async move {
-        let cfg = config(&root, mode);
+        let mut cfg = config(&root, mode);
+        cfg.sync_flush_io = io;
         let max_body = cfg.max_message_bytes;
         let store = match Store::open(cfg).await {
             Ok(s) => s,
@@ -394,7 +403,7 @@ fn env_usize(var: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn crash_cycles(mode: FlushMode, cycles: usize) {
+fn crash_cycles(mode: FlushMode, io: SyncFlushIo, cycles: usize) {
     let seed = seed_from_env("COREMQ_CRASH_SEED");
     let mut rng = Rng::new(seed);
     let tmp = tempfile::tempdir().unwrap();
@@ -412,6 +421,14 @@ fn crash_cycles(mode: FlushMode, cycles: usize) {
             (READY_ENV, ready.clone().into()),
             (MODE_ENV, mode_name(mode).into()),
             (CHILD_SEED_ENV, rng.next_u64().to_string().into()),
+            (
+                SYNC_IO_ENV,
+                match io {
+                    SyncFlushIo::RingWriteFdatasync => "ring",
+                    SyncFlushIo::DsyncWrite => "dsync",
+                }
+                .into(),
+            ),
         ];
         let mut child = spawn_self("crash_child", &envs, &log);
         let started = Instant::now();
@@ -476,12 +493,32 @@ fn crash_cycles(mode: FlushMode, cycles: usize) {
     }
 }
 
+/// The default sync flush: one `pwritev2(RWF_DSYNC)` per round on the sync-write
+/// thread, with the log zero-filled ahead (prewrite).
 #[test]
 fn kill9_sync_flush_keeps_every_acknowledged_put() {
-    crash_cycles(FlushMode::Sync, env_usize("COREMQ_CRASH_CYCLES", 3));
+    crash_cycles(
+        FlushMode::Sync,
+        SyncFlushIo::DsyncWrite,
+        env_usize("COREMQ_CRASH_CYCLES", 3),
+    );
+}
+
+/// The other sync-flush path: an io_uring write, then an io_uring fdatasync.
+#[test]
+fn kill9_sync_flush_ring_io_keeps_every_acknowledged_put() {
+    crash_cycles(
+        FlushMode::Sync,
+        SyncFlushIo::RingWriteFdatasync,
+        env_usize("COREMQ_CRASH_CYCLES", 3).div_ceil(2),
+    );
 }
 
 #[test]
 fn kill9_async_flush_recovers_a_consistent_store() {
-    crash_cycles(FlushMode::Async, env_usize("COREMQ_CRASH_ASYNC_CYCLES", 1));
+    crash_cycles(
+        FlushMode::Async,
+        SyncFlushIo::DsyncWrite,
+        env_usize("COREMQ_CRASH_ASYNC_CYCLES", 1),
+    );
 }

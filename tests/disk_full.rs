@@ -36,6 +36,8 @@ async fn fill(store: &Store, max: usize) -> (Vec<(u64, String)>, PutStatus) {
 }
 
 async fn check(store: &Store, ids: &[(u64, String)], what: &str) {
+    // Lookups see records once dispatched; an acknowledged put may not be yet.
+    store.wait_dispatched().await;
     for (i, id) in ids {
         let m = store
             .look_by_msg_id(id)

@@ -1111,3 +1111,78 @@ fn restart_keeps_offsets_and_time_answers() {
         store.shutdown().await.unwrap();
     });
 }
+
+// ---------------------------------------------------------------------------------
+// Sync mode's prewritten (zero-filled) log tail.
+
+/// Sync flush zero-fills the log ahead of the write position (`commit_log_prewrite_bytes`)
+/// so flushes land in written blocks. The zero tail must read as the end of the log
+/// after an unclean stop and after a clean one (nothing cut, nothing lost), puts must
+/// continue exactly there, and the prewriter must never have zeroed a record.
+#[test]
+fn prewritten_zero_tail_is_the_end_of_the_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("s");
+    let seg = seg_bytes(&root);
+    let root2 = root.clone();
+    let recs = run_ret(move || async move {
+        let c = cfg(&root2);
+        assert!(c.prewrite_bytes() > 0, "sync flush prewrites by default");
+        let store = Store::open(c).await.unwrap();
+        let recs = put_all(
+            &store,
+            messages(&QS, 300, |i| 100 + (i as usize * 37) % 900),
+        )
+        .await;
+        let end = recs.last().unwrap().end();
+        assert!(
+            end < seg / 2,
+            "the test wants the prewrite inside the first segment"
+        );
+        // Wait for the prewriter to have written blocks past the end.
+        let path = root2.join("commitlog").join(coremq::io::offset_name(0));
+        let past = coremq::io::align_up(end) + 4096;
+        let t0 = std::time::Instant::now();
+        while coremq::io::next_data(&path, past)
+            .unwrap()
+            .is_none_or(|d| d >= seg)
+        {
+            assert!(t0.elapsed() < Duration::from_secs(20), "nothing prewritten");
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+        }
+        drop(store);
+        recs
+    });
+    let end = recs.last().unwrap().end();
+    let file = std::fs::read(root.join("commitlog").join(coremq::io::offset_name(0))).unwrap();
+    assert!(
+        file[end as usize..].iter().all(|b| *b == 0),
+        "only zeros past the end"
+    );
+    let root2 = root.clone();
+    let recs = run_ret(move || async move {
+        let store = Store::open(cfg(&root2)).await.unwrap();
+        assert!(!store.report.clean_shutdown);
+        assert_eq!(
+            store.report.log_end, end,
+            "unclean stop: the zero tail is the end"
+        );
+        assert_eq!(store.report.truncated, None, "nothing to cut");
+        check_intact(&store, &recs, "after unclean stop").await;
+        let more = put_all(&store, messages(&QS, 20, |i| 300 + i as usize)).await;
+        assert_eq!(more[0].log_off, end, "puts continue at the end");
+        store.shutdown().await.unwrap();
+        recs.into_iter().chain(more).collect::<Vec<_>>()
+    });
+    let end = recs.last().unwrap().end();
+    run(move || async move {
+        let store = Store::open(cfg(&root)).await.unwrap();
+        assert!(store.report.clean_shutdown);
+        assert_eq!(
+            store.report.log_end, end,
+            "clean stop: the zero tail is the end"
+        );
+        check_intact(&store, &recs, "after clean stop").await;
+        store.shutdown().await.unwrap();
+    });
+}

@@ -146,14 +146,28 @@ fn dispatch_lag_is_bounded_by_backpressure() {
 /// 1 KiB puts), so the zeros a log file must hold come from elsewhere: the padding of
 /// a partial last page (zeroed in the commit's copy) and the tail of a segment after
 /// its blank record (zeroed by `append_blank`). Old window bytes must never reach the
-/// disk there.
+/// disk there. (The async commit copies only the data into a fresh DMA buffer, so its
+/// padding guard is against reused allocator memory; the sync round copies into a
+/// reused buffer, which the second test catches.)
 #[test]
 fn recycled_windows_leave_only_zeros_past_the_data() {
+    recycled_windows_leave_only_zeros(FlushMode::Async);
+}
+
+/// The same through sync-flush rounds, which copy the windows themselves
+/// (`CommitLog::sync_round`).
+#[test]
+fn recycled_windows_leave_only_zeros_past_the_data_in_sync_rounds() {
+    recycled_windows_leave_only_zeros(FlushMode::Sync);
+}
+
+fn recycled_windows_leave_only_zeros(mode: FlushMode) {
     use coremq::format::record::{BLANK_MAGIC, peek_header};
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     run(move || async move {
-        let cfg = StoreConfig::small_for_tests(&root);
+        let mut cfg = StoreConfig::small_for_tests(&root);
+        cfg.flush_mode = mode;
         let pool = (cfg.write_buffer_bytes * cfg.write_buffer_count) as u64;
         let store = Store::open(cfg.clone()).await.unwrap();
         // Bodies of 0xAB, sizes varying so records end anywhere in a page.
