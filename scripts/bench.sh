@@ -3,7 +3,8 @@
 #
 # In one go, on the filesystem of the work directory: fio baselines (sequential 1 MiB
 # O_DIRECT writes at queue depth 8 through io_uring; 4 KiB write + fdatasync latency
-# on a preallocated file; sequential 1 MiB O_DIRECT reads), then the load generator's
+# on a preallocated file; sequential 1 MiB O_DIRECT reads; 4 KiB O_DIRECT random reads
+# at depth 1, the floor of a key query's record read), then the load generator's
 # scenarios (`coremq bench`), each result next to its baseline as a ratio:
 #   1-4  puts (async 1 KiB, async 16 KiB, sync group commit, tailing consumers);
 #   5    catch-up reads of a kept store several times larger than the write pools,
@@ -99,6 +100,13 @@ log "fio: sequential 1 MiB O_DIRECT reads, io_uring, iodepth 8"
 fio --name=seqread --filename="$work/fio-seq" --rw=read --bs=1M --size="$fio_bytes" \
     --direct=1 --ioengine=io_uring --iodepth=8 --output-format=json >"$detail/fio-read.json"
 read_bw=$(jq '.jobs[0].read.bw_bytes' "$detail/fio-read.json")
+
+log "fio: 4 KiB O_DIRECT random reads, iodepth 1, ${fio_sync_secs}s (a key query's record read)"
+fio --name=randread --filename="$work/fio-seq" --rw=randread --bs=4k --size="$fio_bytes" \
+    --direct=1 --ioengine=io_uring --iodepth=1 --runtime="$fio_sync_secs" --time_based \
+    --output-format=json >"$detail/fio-randread.json"
+rpct() { jq ".jobs[0].read.clat_ns.percentile[\"$1\"] / 1000" "$detail/fio-randread.json"; }
+rr50=$(rpct 50.000000); rr99=$(rpct 99.000000)
 rm -f "$work/fio-seq"
 
 log "fio: 4 KiB O_DIRECT write + fdatasync, iodepth 1, preallocated 256 MiB file, ${fio_sync_secs}s"
@@ -297,7 +305,10 @@ s6_result() {
         "misses p99 $(fmt "$(j s6-key-queries '.miss_latency_us.p99 // 0')") µs;" \
         "peak RSS $(fmt "$(j s6-key-queries '.peak_rss_bytes / 1048576')") MiB"
 }
-s6_ratio() { echo "$(ratio "$(j s6-key-queries .query_latency_us.p99)" 1000) (p99 / 1 ms)"; }
+s6_ratio() {
+    echo "$(ratio "$(j s6-key-queries .query_latency_us.p99)" 1000) (p99 / 1 ms);" \
+        "$(ratio "$(j s6-key-queries .query_latency_us.p99)" "$rr99") (p99 / fio random-read p99)"
+}
 # fio's time to read the recovered log's bytes.
 s7_fio_secs() { echo "$(j s7-recovery .log_bytes) / $read_bw" | bc -l; }
 s7_result() {
@@ -329,7 +340,8 @@ s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
     scenario s5b-catch-up "5b. catch-up read, $(fmt "$s5_msgs") x 4 KiB, 64 queues" \
         "fio seq read $(fmt "$read_mb" 1) MB/s" s5b_result s5b_ratio
     scenario s6-key-queries "6. key queries, one at a time per shard" \
-        "target p99 < 1 ms (10 M keys)" s6_result s6_ratio
+        "target p99 < 1 ms (10 M keys); fio 4 KiB random read p50 $(fmt "$rr50") µs, p99 $(fmt "$rr99") µs" \
+        s6_result s6_ratio
     scenario s7-recovery "7. abnormal recovery after SIGKILL, $(fmt "$s7_msgs") x 1 KiB" \
         "fio seq read $(fmt "$read_mb" 1) MB/s" s7_result s7_ratio
     echo
@@ -349,7 +361,7 @@ jq -n \
     --argjson write_bw "$write_bw" --argjson read_bw "$read_bw" \
     --argjson fsync_p50 "$fsync_p50" --argjson fsync_p99 "$fsync_p99" \
     --argjson w50 "$w50" --argjson w99 "$w99" --argjson s50 "$s50" --argjson s99 "$s99" \
-    --argjson sync_iops "$sync_iops" \
+    --argjson sync_iops "$sync_iops" --argjson rr50 "$rr50" --argjson rr99 "$rr99" \
     --slurpfile s1 "$detail/s1-async-1k.json" --slurpfile s2 "$detail/s2-async-16k.json" \
     --slurpfile s3 "$detail/s3-sync-1k.json" --slurpfile s4 "$detail/s4-consumers.json" \
     --slurpfile s5aw "$detail/s5a-write.json" --slurpfile s5a "$detail/s5a-catch-up.json" \
@@ -365,7 +377,8 @@ jq -n \
                 p50: $fsync_p50, p99: $fsync_p99,
                 write_p50: $w50, write_p99: $w99, fdatasync_p50: $s50, fdatasync_p99: $s99,
                 iops: $sync_iops
-            }
+            },
+            random_read_4k_us: {p50: $rr50, p99: $rr99}
         },
         scenarios: {
             "1_async_1k": ($s1[0] + {ratio_to_fio_write: (($s1[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
@@ -377,7 +390,8 @@ jq -n \
             "5b_catch_up_read_64_queues": ($s5b[0] + {write: $s5bw[0],
                 ratio_to_fio_read: (($s5b[0].mb_per_sec // 0) * 1e6 / $read_bw)}),
             "6_key_queries": ($s6[0] + {write: $s6w[0],
-                p99_ratio_to_1ms: (($s6[0].query_latency_us.p99 // 0) / 1000)}),
+                p99_ratio_to_1ms: (($s6[0].query_latency_us.p99 // 0) / 1000),
+                p99_ratio_to_fio_random_read_p99: (($s6[0].query_latency_us.p99 // 0) / $rr99)}),
             "7_recovery": ($s7[0] + {write: $s7w[0],
                 fio_read_seconds: (($s7[0].log_bytes // 0) / $read_bw),
                 ratio_to_fio_read: (if ($s7[0].log_bytes // 0) > 0
