@@ -6,7 +6,8 @@
 # on a preallocated file; sequential 1 MiB O_DIRECT reads; 4 KiB O_DIRECT random reads
 # at depth 1, the floor of a key query's record read), then the load generator's
 # scenarios (`coremq bench`), each result next to its baseline as a ratio:
-#   1-4  puts (async 1 KiB, async 16 KiB, sync group commit, tailing consumers);
+#   1-4  puts (async 1 KiB, async 16 KiB, sync group commit with 256 outstanding and
+#        3b one put at a time, tailing consumers);
 #   5    catch-up reads of a kept store several times larger than the write pools,
 #        from every queue's first offset (5a: one queue per shard, 5b: 64 queues);
 #   6    random key queries over a store with many keys;
@@ -183,7 +184,12 @@ else skip s2-async-16k; fi
 if want 3; then
     run s3-sync-1k "sync flush (group commit), 1 KiB, 256 outstanding" \
         --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 256
-else skip s3-sync-1k; fi
+    # 3b: one put at a time on one shard, so every put is its own round: the store's
+    # latency next to fio's bare write + fdatasync. (With 256 outstanding per shard the
+    # mean latency is outstanding / throughput by Little's law, whatever the disk does.)
+    run s3b-sync-1 "sync flush, 1 KiB, 1 outstanding, 1 shard" \
+        --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 1 --shards 1
+else skip s3-sync-1k s3b-sync-1; fi
 # Tailing consumers under an open loop at a quarter of scenario 1's closed-loop rate:
 # a load the shards have CPU to spare for, so consumers should keep up.
 s4_rate=$(jq '((.messages_per_sec // 400000) / 4) | floor' "$detail/s1-async-1k.json")
@@ -279,6 +285,13 @@ s3_result() {
         "p99 $(fmt "$(j s3-sync-1k .put_latency_us.p99)" 1) µs"
 }
 s3_ratio() { echo "$(ratio "$(j s3-sync-1k .put_latency_us.p99)" "$fsync_p99") (p99)"; }
+s3b_result() {
+    echo "$(fmt "$(j s3b-sync-1 .messages_per_sec)") msg/s; put p50 $(fmt "$(j s3b-sync-1 .put_latency_us.p50)" 1) µs," \
+        "p99 $(fmt "$(j s3b-sync-1 .put_latency_us.p99)" 1) µs"
+}
+s3b_ratio() {
+    echo "$(ratio "$(j s3b-sync-1 .put_latency_us.p50)" "$fsync_p50") (p50), $(ratio "$(j s3b-sync-1 .put_latency_us.p99)" "$fsync_p99") (p99)"
+}
 s4_result() {
     echo "$(fmt "$(j s4-consumers .messages_per_sec)") msg/s put; end-to-end p50" \
         "$(fmt "$(j s4-consumers .e2e_latency_us.p50)" 1) µs, p99 $(fmt "$(j s4-consumers .e2e_latency_us.p99)" 1) µs"
@@ -333,6 +346,9 @@ s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
     scenario s3-sync-1k "3. sync (group commit), 1 KiB, 256 outstanding" \
         "fio 4 KiB write+fdatasync p50 $(fmt "$fsync_p50" 1) µs, p99 $(fmt "$fsync_p99" 1) µs ($(fmt "$sync_iops") IOPS)" \
         s3_result s3_ratio
+    scenario s3b-sync-1 "3b. sync, 1 KiB, 1 outstanding, 1 shard" \
+        "fio 4 KiB write+fdatasync p50 $(fmt "$fsync_p50" 1) µs, p99 $(fmt "$fsync_p99" 1) µs" \
+        s3b_result s3b_ratio
     scenario s4-consumers "4. tailing consumers, $(fmt "$s4_rate") msg/s offered" \
         "consumers read all while producing" s4_result s4_ratio
     scenario s5a-catch-up "5a. catch-up read, $(fmt "$s5_msgs") x 4 KiB, 1 queue per shard" \
@@ -363,7 +379,8 @@ jq -n \
     --argjson w50 "$w50" --argjson w99 "$w99" --argjson s50 "$s50" --argjson s99 "$s99" \
     --argjson sync_iops "$sync_iops" --argjson rr50 "$rr50" --argjson rr99 "$rr99" \
     --slurpfile s1 "$detail/s1-async-1k.json" --slurpfile s2 "$detail/s2-async-16k.json" \
-    --slurpfile s3 "$detail/s3-sync-1k.json" --slurpfile s4 "$detail/s4-consumers.json" \
+    --slurpfile s3 "$detail/s3-sync-1k.json" --slurpfile s3b "$detail/s3b-sync-1.json" \
+    --slurpfile s4 "$detail/s4-consumers.json" \
     --slurpfile s5aw "$detail/s5a-write.json" --slurpfile s5a "$detail/s5a-catch-up.json" \
     --slurpfile s5bw "$detail/s5b-write.json" --slurpfile s5b "$detail/s5b-catch-up.json" \
     --slurpfile s6w "$detail/s6-write.json" --slurpfile s6 "$detail/s6-key-queries.json" \
@@ -384,6 +401,9 @@ jq -n \
             "1_async_1k": ($s1[0] + {ratio_to_fio_write: (($s1[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
             "2_async_16k": ($s2[0] + {ratio_to_fio_write: (($s2[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
             "3_sync_1k": ($s3[0] + {p99_ratio_to_fio_fdatasync: (($s3[0].put_latency_us.p99 // 0) / $fsync_p99)}),
+            "3b_sync_1k_1_outstanding": ($s3b[0] + {
+                p50_ratio_to_fio_fdatasync: (($s3b[0].put_latency_us.p50 // 0) / $fsync_p50),
+                p99_ratio_to_fio_fdatasync: (($s3b[0].put_latency_us.p99 // 0) / $fsync_p99)}),
             "4_consumers": $s4[0],
             "5a_catch_up_read_1_queue_per_shard": ($s5a[0] + {write: $s5aw[0],
                 ratio_to_fio_read: (($s5a[0].mb_per_sec // 0) * 1e6 / $read_bw)}),

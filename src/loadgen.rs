@@ -178,6 +178,7 @@
 //!   minutes), right after the warning above on the other shard; not reproduced in
 //!   two more runs. `bench.sh` now SIGKILLs a run after a time limit and reports it.
 
+use crate::config::SyncFlushIo;
 use crate::format::record::{self, Decoded, Verify};
 use crate::{FlushMode, GetStatus, Message, Store, StoreConfig};
 use bytes::BytesMut;
@@ -396,6 +397,54 @@ pub struct LoadConfig {
     /// `read_cache_bytes`; 0 turns it off); the store's default when not given
     #[arg(long, value_name = "MIB")]
     pub read_cache_mib: Option<u64>,
+    /// How sync-flush rounds reach the disk (the store's `sync_flush_io`)
+    #[arg(long, value_enum, default_value_t = SyncIo::Dsync)]
+    pub sync_io: SyncIo,
+    /// Zero-fill the commit log this many MiB ahead of the write position (the store's
+    /// `commit_log_prewrite_bytes`); default: the store's default (the write pool in
+    /// sync mode, off in async mode)
+    #[arg(long, value_name = "MIB")]
+    pub prewrite_mib: Option<u64>,
+    /// Let every shard's executor spin this long for I/O before parking (glommio's
+    /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
+    #[arg(long, value_name = "US")]
+    pub spin_us: Option<u64>,
+}
+
+/// The store's [`SyncFlushIo`], as a command-line value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SyncIo {
+    /// One pwritev2(RWF_DSYNC) per round on the shard's sync-write thread
+    Dsync,
+    /// An io_uring write, then an io_uring fdatasync
+    Ring,
+}
+
+impl LoadConfig {
+    fn spin(&self) -> Option<Duration> {
+        self.spin_us.map(Duration::from_micros)
+    }
+
+    /// The store settings every shard of this run opens with (root set per shard).
+    pub fn store_template(&self, root: &Path) -> StoreConfig {
+        let mut c = StoreConfig::new(root);
+        c.flush_mode = self.flush.mode();
+        c.index_enable = !self.no_index;
+        if let Some(mib) = self.max_dispatch_lag_mib {
+            c.max_dispatch_lag_bytes = mib << 20;
+        }
+        if let Some(mib) = self.read_cache_mib {
+            c.read_cache_bytes = (mib << 20) as usize;
+        }
+        c.sync_flush_io = match self.sync_io {
+            SyncIo::Dsync => SyncFlushIo::DsyncWrite,
+            SyncIo::Ring => SyncFlushIo::RingWriteFdatasync,
+        };
+        if let Some(mib) = self.prewrite_mib {
+            c.commit_log_prewrite_bytes = Some(mib << 20);
+        }
+        c
+    }
 }
 
 #[derive(clap::Parser)]
@@ -471,6 +520,10 @@ impl LoadConfig {
             "drain_timeout_s": self.drain_timeout,
             "key_index": !self.no_index,
             "max_dispatch_lag_mib": self.max_dispatch_lag_mib,
+            "read_cache_mib": self.read_cache_mib,
+            "sync_io": match self.sync_io { SyncIo::Dsync => "dsync", SyncIo::Ring => "ring" },
+            "prewrite_mib": self.prewrite_mib,
+            "spin_us": self.spin_us,
         })
     }
 }
@@ -646,7 +699,7 @@ pub const PREEMPT_TIMER: Duration = Duration::from_millis(5);
 /// Starts `shards` executors, shard `i` pinned to the `i`-th allowed CPU (wrapping)
 /// and owning a [`Store`] opened on `root/shard-<i>` with `template`'s settings. Once
 /// every store is open (this call returns then), each shard runs `job(i, store)` and
-/// shuts its store down cleanly.
+/// shuts its store down cleanly. `spin`: glommio's `spin_before_park`.
 ///
 /// This is the load generator's whole view of the store runtime: a real multi-shard
 /// store replaces this function.
@@ -654,6 +707,7 @@ pub fn spawn_shards<T, J, Fut>(
     root: &Path,
     shards: usize,
     template: &StoreConfig,
+    spin: Option<Duration>,
     job: J,
 ) -> Result<ShardSet<T>, String>
 where
@@ -674,11 +728,8 @@ where
                 .name(&format!("shard-{i}"))
                 .io_memory(64 << 20)
                 .preempt_timer(PREEMPT_TIMER);
-        if let Some(us) = std::env::var("COREMQ_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            builder = builder.spin_before_park(Duration::from_micros(us));
+        if let Some(spin) = spin {
+            builder = builder.spin_before_park(spin);
         }
         let spawned = std::thread::Builder::new()
             .name(format!("shard-{i}"))
@@ -1763,22 +1814,16 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
         pattern: (0..pattern_len).map(|_| rng.next() as u8).collect(),
         counters: (0..shards).map(|_| ShardCounters::default()).collect(),
     });
-    let mut store_cfg = StoreConfig::new(&data_dir);
-    store_cfg.flush_mode = cfg.flush.mode();
-    if let Some(v) = std::env::var("COREMQ_LAG_MB")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        store_cfg.max_dispatch_lag_bytes = v << 20;
-    }
-    if std::env::var("COREMQ_NO_INDEX").is_ok() {
-        store_cfg.index_enable = false;
-    }
+    let store_cfg = cfg.store_template(&data_dir);
 
     let job_plan = plan.clone();
-    let set = spawn_shards(&data_dir, shards, &store_cfg, move |i, store| {
-        shard_job(i, store, job_plan)
-    })?;
+    let set = spawn_shards(
+        &data_dir,
+        shards,
+        &store_cfg,
+        cfg.spin(),
+        move |i, store| shard_job(i, store, job_plan),
+    )?;
     let (cpu_start, _) = process_usage();
     let started = Instant::now();
     let progress = Progress::new(&plan, started, !cfg.quiet);
@@ -2075,11 +2120,7 @@ pub fn run_mode(cfg: &LoadConfig) -> Result<bool, String> {
     let load_before = std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
-    let mut template = StoreConfig::new(&dir);
-    template.flush_mode = cfg.flush.mode();
-    if let Some(mib) = cfg.read_cache_mib {
-        template.read_cache_bytes = (mib << 20) as usize;
-    }
+    let template = cfg.store_template(&dir);
     let (mut report, text, svg) = match cfg.mode {
         Mode::Produce => unreachable!("handled above"),
         Mode::CatchUp => catch_up(cfg, &dir, shards, &template)?,
@@ -2223,7 +2264,7 @@ fn catch_up(
     let done = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let batch = cfg.pull_batch as usize;
     let done2 = done.clone();
-    let set = spawn_shards(dir, shards, template, move |_, store| {
+    let set = spawn_shards(dir, shards, template, cfg.spin(), move |_, store| {
         catch_up_job(store, batch, done2)
     })?;
     let (cpu_start, _) = process_usage();
@@ -2467,7 +2508,7 @@ fn key_queries(
     });
     let done = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let (plan2, done2) = (plan.clone(), done.clone());
-    let set = spawn_shards(dir, shards, template, move |i, store| {
+    let set = spawn_shards(dir, shards, template, cfg.spin(), move |i, store| {
         key_query_job(i, store, plan2, done2)
     })?;
     let results = join_with_progress(set, "queries", &done, cfg.quiet)?;
@@ -2608,7 +2649,7 @@ async fn key_query_job(
 /// Scenario 7: the time to open every shard's store (recovery included; shards open in
 /// parallel, each on its own CPU), then a clean shutdown, timed apart.
 fn recover(
-    _cfg: &LoadConfig,
+    cfg: &LoadConfig,
     dir: &Path,
     shards: usize,
     template: &StoreConfig,
@@ -2618,7 +2659,7 @@ fn recover(
         .collect();
     let done = [AtomicU64::new(0), AtomicU64::new(0)];
     let started = Instant::now();
-    let set = spawn_shards(dir, shards, template, |_, store| async move {
+    let set = spawn_shards(dir, shards, template, cfg.spin(), |_, store| async move {
         let r = (*store.report).clone();
         (r, store.min_log_offset(), store.max_log_offset())
     })?;
