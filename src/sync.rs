@@ -1,10 +1,89 @@
-//! Two tiny single-threaded wake-up primitives for tasks on one shard executor.
-//! Nothing here is `Send`: a shard's state is only ever touched by its own thread.
+//! Tiny single-threaded wake-up primitives for tasks on one shard executor, and the
+//! executor heartbeat that keeps glommio from sleeping with runnable tasks. Nothing
+//! here is `Send`: a shard's state is only ever touched by its own thread.
+//!
+//! # Executor heartbeat: what hung and why
+//!
+//! Under load (load average 7-13 on 2 CPUs) stores hung for good with the executor
+//! thread parked in `io_cqring_wait`: about 3 in 20 `coremq bench --mode catch-up`
+//! runs inside `Store::open`, and a 10M-key `coremq bench` whose dispatcher stopped
+//! with 240 MB to go at shutdown. Nothing in our wake-ups was lost: the tasks had been
+//! woken and were runnable. glommio 0.9 (the latest release) put the executor to sleep
+//! with them still queued. Its loop is: poll I/O and arm the preemption timer, run
+//! the task queues, and park when they ran nothing. But `run_task_queues` checks for
+//! preemption *before* running the first queue and then reports "ran nothing" exactly
+//! as if no queue was active, so when the thread lost the CPU for longer than the
+//! preemption timer between arming it and that first check (5 ms under `coremq bench`,
+//! 1 ms with a sync-flush store's `Latency::Matters` writer, easily exceeded on a
+//! loaded machine), the executor parked with runnable tasks. It then sleeps until an
+//! I/O completion, a timer or a wake from another thread comes. While a store runs,
+//! its background tasks' timers end such a stall within 100 ms to 1 s; during an open
+//! (and at the end of a shutdown) nothing is pending between two steps, so it never
+//! woke. The glommio fix (do not park after a preemption that ran nothing) is not in
+//! any release.
+//!
+//! [`heartbeat`] bounds it from our side: a task that keeps glommio timers registered,
+//! so the executor always has a timer due within [`HEARTBEAT`]. A parked executor
+//! wakes for it, and the next loop runs the stranded tasks: an unlucky preemption now
+//! costs about one heartbeat. (A first version slept on one timer in a loop; the test
+//! below still hung with it, when the heartbeat task itself was the one stranded right
+//! after its timer fired: nothing was registered any more.) `Store::open` starts one before its
+//! first I/O and the store keeps it until its last task ends. Idle, it costs one wake
+//! per [`HEARTBEAT`]. Proved by `tests/liveness.rs`, which deschedules the executor
+//! thread at such moments on purpose (signals whose handler sleeps longer than the
+//! preemption timer): without the heartbeat the opens hang within about 100 signals.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// The longest an executor can sleep with runnable tasks while a [`Heartbeat`] lives
+/// (see the module docs).
+pub const HEARTBEAT: Duration = Duration::from_millis(10);
+
+/// Timers a [`Heartbeat`] keeps registered, due one [`HEARTBEAT`] apart.
+const HEARTBEAT_DEPTH: u32 = 4;
+
+/// Keeps the current glommio executor waking at least every [`HEARTBEAT`] while it
+/// lives; its task ends at the first tick after it is dropped.
+pub struct Heartbeat {
+    _alive: std::rc::Rc<()>,
+}
+
+/// Starts a [`Heartbeat`] on the current executor (see the module docs for why).
+///
+/// The task keeps [`HEARTBEAT_DEPTH`] timers registered, not one: a timer that fires
+/// is gone from glommio's timer list until its task runs and polls a new one, and the
+/// heartbeat task can be stranded like any other (its own wake-up is exactly such a
+/// moment). The timers still pending then wake the executor again, one per
+/// [`HEARTBEAT`].
+pub fn heartbeat() -> Heartbeat {
+    use glommio::timer::Timer;
+    let alive = std::rc::Rc::new(());
+    let watch = std::rc::Rc::downgrade(&alive);
+    glommio::spawn_local(async move {
+        let mut ticks: Vec<Pin<Box<Timer>>> = (1..=HEARTBEAT_DEPTH)
+            .map(|k| Box::pin(Timer::new(HEARTBEAT * k)))
+            .collect();
+        std::future::poll_fn(|cx| {
+            if watch.strong_count() == 0 {
+                return Poll::Ready(());
+            }
+            for tick in ticks.iter_mut() {
+                // A fired timer is replaced by one due after all the others.
+                while tick.as_mut().poll(cx).is_ready() {
+                    *tick = Box::pin(Timer::new(HEARTBEAT * HEARTBEAT_DEPTH));
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    })
+    .detach();
+    Heartbeat { _alive: alive }
+}
 
 /// Wakes one background task (the writer, the dispatcher). A notification that
 /// arrives while the task is busy is remembered, so none is lost.
