@@ -22,12 +22,12 @@
 //! woke. The glommio fix (do not park after a preemption that ran nothing) is not in
 //! any release.
 //!
-//! [`heartbeat`] bounds it from our side: a task that keeps glommio timers registered,
-//! so the executor always has a timer due within [`HEARTBEAT`]. A parked executor
-//! wakes for it, and the next loop runs the stranded tasks: an unlucky preemption now
-//! costs about one heartbeat. (A first version slept on one timer in a loop; the test
-//! below still hung with it, when the heartbeat task itself was the one stranded right
-//! after its timer fired: nothing was registered any more.) `Store::open` starts one before its
+//! [`heartbeat`] bounds it from our side: a thread wakes a task of the executor every
+//! [`HEARTBEAT`], which ends any sleep of the executor, and the next loop runs the
+//! stranded tasks: an unlucky preemption now costs about one heartbeat. (Glommio
+//! timers are not enough: a fired timer is re-armed only when its task runs, and that
+//! task can be the one stranded. Versions with one timer, and with four kept
+//! registered, both still hung in the test below.) `Store::open` starts one before its
 //! first I/O and the store keeps it until its last task ends. Idle, it costs one wake
 //! per [`HEARTBEAT`]. Proved by `tests/liveness.rs`, which deschedules the executor
 //! thread at such moments on purpose (signals whose handler sleeps longer than the
@@ -43,46 +43,75 @@ use std::time::Duration;
 /// (see the module docs).
 pub const HEARTBEAT: Duration = Duration::from_millis(10);
 
-/// Timers a [`Heartbeat`] keeps registered, due one [`HEARTBEAT`] apart.
-const HEARTBEAT_DEPTH: u32 = 4;
+/// What a [`Heartbeat`]'s task and its thread share.
+#[derive(Default)]
+struct Beat {
+    stop: std::sync::atomic::AtomicBool,
+    /// The waker of the heartbeat task, woken from the thread.
+    waker: std::sync::Mutex<Option<Waker>>,
+}
 
-/// Keeps the current glommio executor waking at least every [`HEARTBEAT`] while it
-/// lives; its task ends at the first tick after it is dropped.
+impl Beat {
+    fn waker(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
+        self.waker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Wakes the current glommio executor every [`HEARTBEAT`] while it lives (see the
+/// module docs); dropping it ends its task and its thread.
 pub struct Heartbeat {
-    _alive: std::rc::Rc<()>,
+    beat: std::sync::Arc<Beat>,
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.beat
+            .stop
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // The task ends when it sees `stop`; this also drops the waker it left (a
+        // reference to itself).
+        if let Some(w) = self.beat.waker().take() {
+            w.wake();
+        }
+    }
 }
 
 /// Starts a [`Heartbeat`] on the current executor (see the module docs for why).
 ///
-/// The task keeps [`HEARTBEAT_DEPTH`] timers registered, not one: a timer that fires
-/// is gone from glommio's timer list until its task runs and polls a new one, and the
-/// heartbeat task can be stranded like any other (its own wake-up is exactly such a
-/// moment). The timers still pending then wake the executor again, one per
-/// [`HEARTBEAT`].
+/// A thread wakes a parked task of this executor every [`HEARTBEAT`]: a wake from
+/// another thread always ends the executor's sleep (glommio writes its eventfd) and
+/// needs nothing from the executor to be armed again. (A first version kept glommio
+/// timers registered from a task; a fired timer is gone until its task runs again,
+/// and that task can be stranded like any other: `tests/liveness.rs` still hung with
+/// it, about 1 run in 5 under extra load.)
 pub fn heartbeat() -> Heartbeat {
-    use glommio::timer::Timer;
-    let alive = std::rc::Rc::new(());
-    let watch = std::rc::Rc::downgrade(&alive);
-    glommio::spawn_local(async move {
-        let mut ticks: Vec<Pin<Box<Timer>>> = (1..=HEARTBEAT_DEPTH)
-            .map(|k| Box::pin(Timer::new(HEARTBEAT * k)))
-            .collect();
-        std::future::poll_fn(|cx| {
-            if watch.strong_count() == 0 {
-                return Poll::Ready(());
-            }
-            for tick in ticks.iter_mut() {
-                // A fired timer is replaced by one due after all the others.
-                while tick.as_mut().poll(cx).is_ready() {
-                    *tick = Box::pin(Timer::new(HEARTBEAT * HEARTBEAT_DEPTH));
+    use std::sync::atomic::Ordering::SeqCst;
+    let beat = std::sync::Arc::new(Beat::default());
+    let task = beat.clone();
+    glommio::spawn_local(std::future::poll_fn(move |cx| {
+        if task.stop.load(SeqCst) {
+            task.waker().take();
+            return Poll::Ready(());
+        }
+        *task.waker() = Some(cx.waker().clone());
+        Poll::Pending
+    }))
+    .detach();
+    let ticker = beat.clone();
+    let spawned = std::thread::Builder::new()
+        .name("coremq-heartbeat".into())
+        .spawn(move || {
+            while !ticker.stop.load(SeqCst) {
+                std::thread::sleep(HEARTBEAT);
+                if let Some(w) = ticker.waker().as_ref() {
+                    w.wake_by_ref();
                 }
             }
-            Poll::Pending
-        })
-        .await
-    })
-    .detach();
-    Heartbeat { _alive: alive }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no heartbeat thread: the executor may stall under load");
+    }
+    Heartbeat { beat }
 }
 
 /// Wakes one background task (the writer, the dispatcher). A notification that

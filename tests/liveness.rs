@@ -32,6 +32,8 @@ const PREEMPT: Duration = Duration::from_millis(1);
 const RUN_BETWEEN_BURSTS_NS: u64 = 300_000;
 /// No CPU used for this long while opens remain: the executor sleeps for good.
 const HUNG: Duration = Duration::from_secs(20);
+/// No open cycle finished for this long (one takes well under a second alone).
+const STUCK: Duration = Duration::from_secs(90);
 
 /// CPU time the thread `tid` of this process has used, in nanoseconds.
 fn cpu_ns(tid: i32) -> u64 {
@@ -155,14 +157,26 @@ fn store_open_survives_descheduling_at_unlucky_moments() {
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut idle_since = Instant::now();
     let mut hung = None;
+    let (mut last_cycles, mut cycle_at) = (0, Instant::now());
     while !executor.is_finished() {
+        let done = cycles.load(SeqCst);
+        if done != last_cycles {
+            (last_cycles, cycle_at) = (done, Instant::now());
+        }
+        if cycle_at.elapsed() > STUCK {
+            hung = Some(format!("no open cycle finished for {STUCK:?}"));
+            break;
+        }
         if cpu_ns(tid) < seen + RUN_BETWEEN_BURSTS_NS {
             // The executor is waiting (for I/O, or forever): no burst until it runs.
             if idle_since.elapsed() > HUNG {
-                hung = Some(cycles.load(SeqCst));
+                hung = Some(format!(
+                    "the executor has used no CPU for {HUNG:?}: it went to sleep with \
+                     runnable tasks"
+                ));
                 break;
             }
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(Duration::from_micros(500));
             continue;
         }
         idle_since = Instant::now();
@@ -184,10 +198,10 @@ fn store_open_survives_descheduling_at_unlucky_moments() {
     stop.store(true, SeqCst);
     hog.thread().unpark();
     hog.join().unwrap();
-    if let Some(at) = hung {
+    if let Some(why) = hung {
         panic!(
-            "the executor has used no CPU for {HUNG:?} after {bursts} bursts, with {at} of \
-             {CYCLES} open cycles done: it went to sleep with runnable tasks"
+            "{why} ({bursts} bursts, {} of {CYCLES} open cycles done)",
+            cycles.load(SeqCst)
         );
     }
     executor.join().expect("executor thread panicked");
