@@ -16,7 +16,7 @@
 //! without signals (whose EINTRs glommio does not always survive). The bursts stop as
 //! soon as the executor stops using CPU, so an executor that went to sleep with
 //! runnable tasks gets no help from them: only the store's own heartbeat can wake it.
-//! Without that heartbeat the opens below hang within a few hundred bursts. Needs
+//! Without that heartbeat the first open or shutdown hangs, after 29-133 bursts. Needs
 //! permission for SCHED_FIFO (root); prints SKIPPED without it.
 
 use coremq::{Message, PutStatus, Store, StoreConfig};
