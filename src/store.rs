@@ -37,7 +37,7 @@
 //!   round and by `shutdown` (1.5 s) instead of the open.
 //! * Key-index open after a crash (repair): 0.08-0.17 s; queue loads 0.03-0.05 s.
 
-use crate::commit_log::{CommitLog, LogReader};
+use crate::commit_log::{CommitLog, LogReader, RecordSink, RecoverPlan};
 use crate::config::{FlushMode, StoreConfig};
 use crate::consume_queue::{ConsumeQueue, Placed};
 use crate::error::{Error, Result};
@@ -201,25 +201,14 @@ impl Store {
             u64::MAX
         };
         phases.lap("start");
-        let (log, scan) = CommitLog::open(
-            cfg.clone(),
-            scan_from,
-            durable_below,
-            clean && cp_valid,
-            crc_from,
-        )
-        .await?;
-        let log_end = log.written();
-        if log.crc_required_from() == u64::MAX {
-            // Nothing told us (no checkpoint, no record carried the property): require
-            // it of everything written from now on.
-            log.set_crc_required_from(log_end);
-        }
-        phases.lap("commit log");
+        let log = CommitLog::open_files(cfg.clone(), crc_from).await?;
         let checkpoint = disk.open(&cp_path, true).await?;
-        // Key index (issue 4): loaded (and repaired after a crash) before dispatch.
+        // One pass (see the module docs): the key index and the queues are opened
+        // before the log is scanned, so the scan hands them the records it verifies.
+        // The log's end is not known yet: nothing is cut here (`u64::MAX`); what lies
+        // past the recovered end is cut once the scan has found it.
         let index = if cfg.index_enable {
-            let (ix, rep) = crate::index::IndexService::open(&cfg, clean, log_end).await?;
+            let (ix, rep) = crate::index::IndexService::open(&cfg, clean, u64::MAX).await?;
             tracing::debug!(?rep, "key index opened");
             Some(Rc::new(ix))
         } else {
@@ -248,12 +237,15 @@ impl Store {
             index,
             read_cache: crate::read_cache::ReadCache::new(&cfg),
         });
-        let queues_damaged = inner.load_queues(log.min_offset(), log_end).await?;
+        let log_min = log.min_offset();
+        let queues_damaged = inner.load_queues(log_min, u64::MAX).await?;
         phases.lap("queues");
         let loaded = inner.manifest(0).queues.len();
+        // Queues not yet cut to the log's end hold at least what the manifest says
+        // they held at the checkpoint, whatever the scan finds: fewer means lost.
         let queues_lost = queues_damaged
             || (cp_valid && (loaded as u32) < cp.queue_count)
-            || (cp_valid && inner.queues_shorter_than_manifest(&cp, log_end));
+            || (cp_valid && inner.queues_shorter_than_manifest(&cp, u64::MAX));
         if queues_lost {
             tracing::warn!(
                 loaded,
@@ -261,33 +253,80 @@ impl Store {
                 "consume queues are missing; rebuilding them from the whole log"
             );
         }
+        // Queues resume at the checkpoint's dispatch point; if they disagree with it
+        // (files lost or damaged), every queue is rebuilt from the log's first record.
+        // The key index resumes at its own durable point (it may lag the checkpoint).
         let mut from = if cp_valid && !queues_lost {
-            cp.dispatch_safe_offset.min(log_end)
+            cp.dispatch_safe_offset
         } else {
-            log.min_offset()
-        };
-        from = from.max(log.min_offset());
-        // The key index may lag the checkpoint: re-dispatch from its durable point too
-        // (queue entries already present are skipped as duplicates).
+            log_min
+        }
+        .max(log_min);
         let index_from = inner
             .index
             .as_ref()
-            .map_or(from, |ix| ix.resume_point().max(log.min_offset()).min(from));
-        // Dispatch from the checkpoint; if the queues disagree with it (files lost or
-        // damaged), rebuild every queue from the log's first record.
-        let rebuilt = match inner
-            .redispatch(index_from, log_end, from == log.min_offset())
-            .await
-        {
-            Ok(n) => n,
-            Err(e) if from > log.min_offset() => {
-                tracing::warn!(error = %e, "dispatch from the checkpoint failed; rebuilding queues from the whole log");
-                from = log.min_offset();
-                inner.redispatch(from, log_end, true).await?
-            }
-            Err(e) => return Err(e),
+            .map_or(u64::MAX, |ix| ix.resume_point().max(log_min));
+        let loaded_max = inner.queue_lengths();
+        let mut replay = Replay {
+            inner: &inner,
+            queues_from: from,
+            index_from,
+            rebuild: from == log_min,
+            placed: 0,
+            queue_failure: None,
         };
-        phases.lap("dispatch");
+        let plan = RecoverPlan {
+            scan_from,
+            durable_below,
+            trust_end: clean && cp_valid,
+            replay_from: from.min(index_from),
+        };
+        let scan = log.recover(plan, &mut replay).await?;
+        let mut rebuilt = replay.placed;
+        let queue_failure = replay.queue_failure.take();
+        let log_end = log.written();
+        if log.crc_required_from() == u64::MAX {
+            // Nothing told us (no checkpoint, no record carried the property): require
+            // it of everything written from now on.
+            log.set_crc_required_from(log_end);
+        }
+        phases.lap("scan and dispatch");
+        // Structures ahead of the recovered log (it lost a tail they had taken) are
+        // cut back to it. They took nothing from the scan: every record it kept lies
+        // below what they already held.
+        let queues_inconsistent = inner.trim_queues(log_min, log_end, &loaded_max).await?;
+        let index_cut = match &inner.index {
+            Some(ix) => ix.cut_to(log_end).await?,
+            None => false,
+        };
+        // The rare second passes: the replay or the queues disagreed with the log
+        // (rebuild every queue from the log's first record, as before one pass), or
+        // the key index was cut and takes again the records after its new end.
+        let mut fallback = scan
+            .replay_failed
+            .map(|(at, kind)| format!("the replay met an undecodable record at {at} ({kind})"));
+        if let Some(e) = queue_failure {
+            if from == log_min {
+                // Already rebuilding from the first record: nothing else to try.
+                return Err(e);
+            }
+            fallback.get_or_insert(e.to_string());
+        }
+        if queues_inconsistent {
+            fallback.get_or_insert("a queue ahead of the log took records too".into());
+        }
+        if let Some(why) = fallback {
+            tracing::warn!(
+                why,
+                "dispatch from the checkpoint failed; rebuilding queues from the whole log"
+            );
+            from = log_min;
+            rebuilt += inner.redispatch(log_min, log_end, true).await?;
+        } else if index_cut && let Some(ix) = &inner.index {
+            let resume = ix.resume_point().max(log_min);
+            rebuilt += inner.redispatch(resume, log_end, from == log_min).await?;
+        }
+        phases.lap("cut");
         inner.dispatched.set(log_end);
         for qs in inner.queues.borrow().values() {
             for q in qs.values() {
@@ -859,6 +898,43 @@ impl Store {
     }
 }
 
+/// Recovery's [`RecordSink`]: builds ConsumeQueue entries and key-index entries for
+/// the records the scan reads, each structure from its own resume point (records
+/// below it are never dispatched again to it).
+struct Replay<'a> {
+    inner: &'a Inner,
+    /// Records at or after this get queue entries (the checkpoint's dispatch point).
+    queues_from: u64,
+    /// Records at or after this go to the key index (its resume point).
+    index_from: u64,
+    /// Queues are rebuilt from the log's first record (an empty queue may start late).
+    rebuild: bool,
+    /// Queue entries appended.
+    placed: u64,
+    /// Set when a queue refused an entry (a gap): the queues take nothing more.
+    queue_failure: Option<Error>,
+}
+
+impl RecordSink for Replay<'_> {
+    async fn record(&mut self, pos: u64, r: &record::RecordView<'_>) -> Result<()> {
+        if pos >= self.queues_from && self.queue_failure.is_none() && r.is_dispatched_to_queue() {
+            match self.inner.place_entry(r, self.rebuild) {
+                Ok(appended) => self.placed += appended as u64,
+                Err(e) => {
+                    tracing::warn!(error = %e, "recovery dispatch: a queue disagrees with the log");
+                    self.queue_failure = Some(e);
+                }
+            }
+        }
+        if pos >= self.index_from
+            && let Some(ix) = &self.inner.index
+        {
+            ix.add(r).await?;
+        }
+        Ok(())
+    }
+}
+
 /// Times the steps of `Store::open`.
 struct Phases {
     last: std::time::Instant,
@@ -1069,6 +1145,71 @@ impl Inner {
             }
         }
         Ok(damaged)
+    }
+
+    /// Every queue's length now, by (topic, queue id).
+    fn queue_lengths(&self) -> AHashMap<(String, i32), u64> {
+        self.queues
+            .borrow()
+            .iter()
+            .flat_map(|(t, m)| {
+                m.iter()
+                    .map(move |(q, v)| ((t.clone(), *q), v.cq.max_offset()))
+            })
+            .collect()
+    }
+
+    /// After recovery found the log's end: loads again, cut to `log_end`, every queue
+    /// whose entries reach past it (the log lost a tail they had taken). Such a queue
+    /// took nothing from the scan (its entries for the kept records were all there);
+    /// returns `true` if one did all the same (it no longer had the length it was
+    /// loaded with), so the caller rebuilds the queues from the whole log.
+    async fn trim_queues(
+        &self,
+        log_min: u64,
+        log_end: u64,
+        loaded: &AHashMap<(String, i32), u64>,
+    ) -> Result<bool> {
+        let ahead: Vec<Rc<Queue>> = self
+            .queues
+            .borrow()
+            .values()
+            .flat_map(|m| m.values())
+            .filter(|q| q.cq.max_phys_end() > log_end)
+            .cloned()
+            .collect();
+        let mut inconsistent = false;
+        for q in ahead {
+            let (topic, qid) = (q.cq.topic.clone(), q.cq.queue_id);
+            if loaded.get(&(topic.clone(), qid)) != Some(&q.cq.max_offset()) {
+                inconsistent = true;
+            }
+            let cq = Rc::new(ConsumeQueue::new(
+                &self.cfg.root,
+                &topic,
+                qid,
+                self.cfg.consume_queue_entries_per_file,
+                self.cfg.disk.clone(),
+            ));
+            cq.load(log_min, log_end).await?;
+            tracing::warn!(
+                topic,
+                queue = qid,
+                from = q.cq.max_offset(),
+                to = cq.max_offset(),
+                "consume queue cut back to the recovered log"
+            );
+            let fresh = Rc::new(Queue {
+                cq,
+                next_put: Cell::new(0),
+            });
+            self.queues
+                .borrow_mut()
+                .entry(topic)
+                .or_default()
+                .insert(qid, fresh);
+        }
+        Ok(inconsistent)
     }
 
     /// Builds ConsumeQueue entries for the records in `[from, to)`, reading the log.
