@@ -33,11 +33,13 @@
 //! `open` verifies (checksums, self-offsets) every record from the checkpoint's safe
 //! point, and at least from the start of the segment holding the last flushed byte
 //! (RocketMQ re-checks its last files too), then cuts a torn tail or refuses damage
-//! (rules at [`CommitLog::open`] and in the README). The scan reads through a
+//! (rules at [`CommitLog::recover`] and in the README). The scan reads through a
 //! [`LogReader`]: `READ_AHEAD_DEPTH` (8) reads of `READ_AHEAD_BYTES` (1 MiB) in flight,
 //! as fio reads in scripts/bench.sh, records decoded and verified in the read buffers;
-//! only a record spanning two reads is copied. The store re-dispatches what its queues
-//! and key index lack through the same reader (`Store::open`).
+//! only a record spanning two reads is copied. The records go, as they are verified, to
+//! a [`RecordSink`] (the store's queues and key index: one pass, see `store.rs`), from
+//! the caller's `replay_from`, which may lie below the verified part (records there
+//! are decoded, not checksummed: the checkpoint vouched for them).
 //!
 //! Measured (scenario 7 by hand: `coremq bench --messages 300000 --body 1024 --queues 64
 //! --kill-after-flush`, then `--mode recover`; 2 shards, 176 MB of log each; fio
@@ -45,14 +47,14 @@
 //! before, the open took 2.7-2.9 s: the scan read 8 MiB at a time, one read in flight,
 //! and copied every read into a fresh `Vec` (page faults and zeroing of new memory were
 //! ~30% of the profile), 0.54-0.84 s per shard; re-dispatch at open read 1 MiB at a
-//! time (0.33 s); the key-index flush at the end of the open took 1.4 s. Now 1.05-1.34
+//! time (0.33 s); the key-index flush at the end of the open took 1.4 s. Then 1.05-1.34
 //! s: scan 0.26-0.43 s per shard, and the key index is flushed by the first background
 //! round instead. With 1,000,000 messages (1.17 GB of log, fio 1076 MB/s, so 1.09 s):
 //! open 2.17 s (2.0x fio) against 10.16 s before; the scans alone read the two shards'
-//! 587 MB each in 0.83-0.89 s (faster than fio's single job). Left (see `Store::open`):
-//! re-dispatch is a second pass over the bytes the scan already read (0.84-1.08 s per
-//! shard there, key-index inserts included: both key indexes were never flushed before
-//! the kill, so both re-dispatched their whole log).
+//! 587 MB each in 0.83-0.89 s (faster than fio's single job); re-dispatch was a second
+//! pass over the same bytes (0.84-1.08 s per shard with key-index inserts). With the
+//! sink (one pass) that pass is gone: 0.83-0.97 s against 2.06-2.20 s, fio 1.22-1.39 s
+//! (`store.rs` has the table).
 //!
 //! # Sync flush (group commit)
 //!
