@@ -33,11 +33,13 @@
 //! `open` verifies (checksums, self-offsets) every record from the checkpoint's safe
 //! point, and at least from the start of the segment holding the last flushed byte
 //! (RocketMQ re-checks its last files too), then cuts a torn tail or refuses damage
-//! (rules at [`CommitLog::open`] and in the README). The scan reads through a
+//! (rules at [`CommitLog::recover`] and in the README). The scan reads through a
 //! [`LogReader`]: `READ_AHEAD_DEPTH` (8) reads of `READ_AHEAD_BYTES` (1 MiB) in flight,
 //! as fio reads in scripts/bench.sh, records decoded and verified in the read buffers;
-//! only a record spanning two reads is copied. The store re-dispatches what its queues
-//! and key index lack through the same reader (`Store::open`).
+//! only a record spanning two reads is copied. The records go, as they are verified, to
+//! a [`RecordSink`] (the store's queues and key index: one pass, see `store.rs`), from
+//! the caller's `replay_from`, which may lie below the verified part (records there
+//! are decoded, not checksummed: the checkpoint vouched for them).
 //!
 //! Measured (scenario 7 by hand: `coremq bench --messages 300000 --body 1024 --queues 64
 //! --kill-after-flush`, then `--mode recover`; 2 shards, 176 MB of log each; fio
@@ -45,14 +47,14 @@
 //! before, the open took 2.7-2.9 s: the scan read 8 MiB at a time, one read in flight,
 //! and copied every read into a fresh `Vec` (page faults and zeroing of new memory were
 //! ~30% of the profile), 0.54-0.84 s per shard; re-dispatch at open read 1 MiB at a
-//! time (0.33 s); the key-index flush at the end of the open took 1.4 s. Now 1.05-1.34
+//! time (0.33 s); the key-index flush at the end of the open took 1.4 s. Then 1.05-1.34
 //! s: scan 0.26-0.43 s per shard, and the key index is flushed by the first background
 //! round instead. With 1,000,000 messages (1.17 GB of log, fio 1076 MB/s, so 1.09 s):
 //! open 2.17 s (2.0x fio) against 10.16 s before; the scans alone read the two shards'
-//! 587 MB each in 0.83-0.89 s (faster than fio's single job). Left (see `Store::open`):
-//! re-dispatch is a second pass over the bytes the scan already read (0.84-1.08 s per
-//! shard there, key-index inserts included: both key indexes were never flushed before
-//! the kill, so both re-dispatched their whole log).
+//! 587 MB each in 0.83-0.89 s (faster than fio's single job); re-dispatch was a second
+//! pass over the same bytes (0.84-1.08 s per shard with key-index inserts). With the
+//! sink (one pass) that pass is gone: 0.83-0.97 s against 2.06-2.20 s, fio 1.22-1.39 s
+//! (`store.rs` has the table).
 //!
 //! # Sync flush (group commit)
 //!
@@ -135,7 +137,7 @@
 use crate::config::{FlushMode, StoreConfig, SyncFlushIo};
 use crate::error::{Error, Result};
 use crate::format::Corruption;
-use crate::format::record::{self, Decoded, Verify};
+use crate::format::record::{self, Decoded, RecordView, Verify};
 use crate::io::{self, AlignedBuf, File, PAGE, align_down, align_up};
 use crate::sync::{Notify, OffsetWatch, join_all};
 use bytes::Bytes;
@@ -239,19 +241,39 @@ pub struct ScanReport {
     pub end: u64,
     /// Set when a torn tail was cut: (offset, what was wrong there, bytes zeroed).
     pub truncated: Option<(u64, Corruption, u64)>,
+    /// Set when a record below the verified part could not be decoded (the replay
+    /// start was not a record boundary, or the log is damaged there): the sink got
+    /// nothing from there on, and the caller must rebuild from the log's start.
+    pub replay_failed: Option<(u64, Corruption)>,
+}
+
+/// Where [`CommitLog::recover`] starts and what it may trust.
+#[derive(Debug, Clone, Copy)]
+pub struct RecoverPlan {
+    /// Verify (checksums, self-offsets) from here: the checkpoint's safe point.
+    pub scan_from: u64,
+    /// Records below this were acknowledged durable: damage there is refused.
+    pub durable_below: u64,
+    /// The checkpoint of a clean shutdown: never-written bytes exactly at
+    /// `durable_below` are the normal end of the log.
+    pub trust_end: bool,
+    /// Hand records to the sink from here (a record boundary; may lie below
+    /// `scan_from`, where the structures being rebuilt resume).
+    pub replay_from: u64,
+}
+
+/// Takes the records recovery reads, in log order, while the scan reads them (so a
+/// rebuild costs no second pass over the log).
+pub trait RecordSink {
+    /// The record at log offset `pos` (`r.phys_offset == pos`).
+    fn record(&mut self, pos: u64, r: &RecordView<'_>) -> impl Future<Output = Result<()>>;
 }
 
 impl CommitLog {
-    /// Opens the segments in `dir` (creating the directory), validates their names
-    /// and sizes, and scans from `scan_from` to find the end of valid data.
-    /// Records below `durable_below` must be valid; anything else is refused.
-    pub async fn open(
-        cfg: Rc<StoreConfig>,
-        scan_from: u64,
-        durable_below: u64,
-        trust_end: bool,
-        crc_required_from: u64,
-    ) -> Result<(Rc<CommitLog>, ScanReport)> {
+    /// Opens the segments in `dir` (creating the directory) and validates their names
+    /// and sizes, reading nothing: [`CommitLog::recover`] then finds the end of valid
+    /// data (the log takes no puts before it has).
+    pub async fn open_files(cfg: Rc<StoreConfig>, crc_required_from: u64) -> Result<Rc<CommitLog>> {
         let dir = cfg.root.join("commitlog");
         cfg.disk.create_dir_all(&dir)?;
         let seg_bytes = cfg.commit_log_segment_bytes;
@@ -325,24 +347,50 @@ impl CommitLog {
             prewrite_wake: Notify::default(),
             cfg,
         });
+        Ok(log)
+    }
+
+    /// Recovery: scans from `plan.scan_from` (and at least the segment holding the
+    /// last flushed byte) to find the end of valid data, cuts a torn tail or refuses
+    /// damage (records below `plan.durable_below` must be valid), and hands every
+    /// record from `plan.replay_from` to `sink` as the scan reads it, so whatever the
+    /// caller rebuilds from the log (queues, key index) costs no second read. Records
+    /// below the scan's start (when `replay_from` is lower) are decoded, not
+    /// checksummed: the checkpoint vouched for them. Only records before the end that
+    /// recovery keeps reach the sink; an error from the sink ends the scan with it.
+    pub async fn recover<S: RecordSink>(
+        &self,
+        plan: RecoverPlan,
+        sink: &mut S,
+    ) -> Result<ScanReport> {
         // Re-verify at least the segment holding the last flushed byte on every open
         // (RocketMQ re-checks its last files too): damage there is refused, not served.
-        let verify_from = log
-            .segment_start(durable_below.saturating_sub(1))
+        let min_offset = self.min_offset();
+        let verify_from = self
+            .segment_start(plan.durable_below.saturating_sub(1))
             .max(min_offset);
-        let scan_from = scan_from.max(min_offset).min(verify_from);
-        let report = log.scan(scan_from, durable_below, trust_end).await?;
-        log.set_end(report.end).await?;
+        let scan_from = plan.scan_from.max(min_offset).min(verify_from);
+        let replay_from = plan.replay_from.max(min_offset);
+        let report = self
+            .scan(
+                scan_from,
+                replay_from,
+                plan.durable_below,
+                plan.trust_end,
+                sink,
+            )
+            .await?;
+        self.set_end(report.end).await?;
         // What recovery kept may not have been fdatasync'ed before the crash; make it
         // durable before the checkpoint says it is.
-        let mut seg = log.segment_start(scan_from);
-        while seg <= log.segment_start(report.end) {
-            if let Some(f) = log.segment_file(seg) {
+        let mut seg = self.segment_start(scan_from);
+        while seg <= self.segment_start(report.end) {
+            if let Some(f) = self.segment_file(seg) {
                 f.sync().await?;
             }
-            seg += log.seg_bytes;
+            seg += self.seg_bytes;
         }
-        Ok((log, report))
+        Ok(report)
     }
 
     fn segment_start(&self, off: u64) -> u64 {
@@ -401,69 +449,115 @@ impl CommitLog {
         Ok(out)
     }
 
-    /// Recovery scan: validates records from `from` and returns where valid data ends.
+    /// Recovery scan: validates records from `from` and returns where valid data ends,
+    /// handing every record from `replay_from` to `sink` (see [`CommitLog::recover`]).
     /// Reads go through a [`LogReader`] (several large reads in flight, records
     /// verified in the read buffers, no copy but for records spanning two reads).
-    async fn scan(&self, from: u64, durable_below: u64, trust_end: bool) -> Result<ScanReport> {
+    async fn scan<S: RecordSink>(
+        &self,
+        from: u64,
+        replay_from: u64,
+        durable_below: u64,
+        trust_end: bool,
+        sink: &mut S,
+    ) -> Result<ScanReport> {
         let max_total = self.cfg.max_record_bytes();
         let mut report = ScanReport::default();
-        let mut pos = from;
+        let start = replay_from.min(from);
+        let mut pos = start;
         let limit = self
             .segments
             .borrow()
             .keys()
             .next_back()
-            .map_or(from, |s| s + self.seg_bytes);
-        let mut reader = LogReader::new(self, from, limit);
-        let bad = loop {
-            let seg = self.segment_start(pos);
-            if self.segment_file(seg).is_none() {
-                break None;
-            }
-            let seg_end = seg + self.seg_bytes;
-            let room = (seg_end - pos) as usize;
-            // The header says how many bytes the record needs (never past the segment).
-            let want = match record::peek_header(reader.bytes(pos, 8.min(room)).await?) {
-                Ok((size, magic))
-                    if (magic == record::MAGIC_V1 || magic == record::MAGIC_V2)
-                        && size as usize >= record::MIN_RECORD_LEN
-                        && size as usize <= max_total =>
-                {
-                    (size as usize).min(room)
-                }
-                _ => 8.min(room),
-            };
-            let buf = reader.bytes(pos, want).await?;
-            let buf = &buf[..buf.len().min(room)];
-            let verify = Verify {
-                crc: true,
-                at_offset: Some(pos as i64),
-                max_total_size: max_total,
-                require_record_crc: self.requires_crc(pos),
-            };
-            match record::decode(buf, verify) {
-                Ok(Decoded::Record(r)) => {
-                    if r.record_crc_verified == Some(true)
-                        && self.crc_required_from.get() == u64::MAX
-                    {
-                        // Without a checkpoint, learn from the log: once a record
-                        // carries the record-CRC property, all later ones must.
-                        self.crc_required_from.set(pos);
+            .map_or(start, |s| s + self.seg_bytes);
+        let mut reader = LogReader::new(self, start, limit);
+        let walked = async {
+            loop {
+                let seg = self.segment_start(pos);
+                // Below `from` the records are only replayed for the sink.
+                let verified = pos >= from;
+                let feed = pos >= replay_from && report.replay_failed.is_none();
+                let bad = if self.segment_file(seg).is_none() {
+                    if verified {
+                        return Ok(None);
                     }
-                    report.records += 1;
-                    self.last_put_ts.set(r.store_timestamp);
-                    pos += r.total_size as u64;
-                    if pos + record::END_FILE_MIN_BLANK_LENGTH as u64 > seg_end {
-                        // RocketMQ never writes a record this close to the end.
-                        break Some((pos, Corruption::BadLength(r.total_size as i64)));
+                    Some((pos, Corruption::Truncated))
+                } else {
+                    let seg_end = seg + self.seg_bytes;
+                    let room = (seg_end - pos) as usize;
+                    // The header says how many bytes the record needs (never past the
+                    // segment).
+                    let want = match record::peek_header(reader.bytes(pos, 8.min(room)).await?) {
+                        Ok((size, magic))
+                            if (magic == record::MAGIC_V1 || magic == record::MAGIC_V2)
+                                && size as usize >= record::MIN_RECORD_LEN
+                                && size as usize <= max_total =>
+                        {
+                            (size as usize).min(room)
+                        }
+                        _ => 8.min(room),
+                    };
+                    let buf = reader.bytes(pos, want).await?;
+                    let buf = &buf[..buf.len().min(room)];
+                    let verify = Verify {
+                        crc: verified,
+                        at_offset: Some(pos as i64),
+                        max_total_size: max_total,
+                        require_record_crc: verified && self.requires_crc(pos),
+                    };
+                    match record::decode(buf, verify) {
+                        Ok(Decoded::Record(r)) => {
+                            if verified {
+                                if r.record_crc_verified == Some(true)
+                                    && self.crc_required_from.get() == u64::MAX
+                                {
+                                    // Without a checkpoint, learn from the log: once a
+                                    // record carries the record-CRC property, all later
+                                    // ones must.
+                                    self.crc_required_from.set(pos);
+                                }
+                                report.records += 1;
+                            }
+                            self.last_put_ts.set(r.store_timestamp);
+                            if feed {
+                                sink.record(pos, &r).await?;
+                            }
+                            pos += r.total_size as u64;
+                            // RocketMQ never writes a record this close to the end.
+                            (pos + record::END_FILE_MIN_BLANK_LENGTH as u64 > seg_end)
+                                .then_some((pos, Corruption::BadLength(r.total_size as i64)))
+                        }
+                        Ok(Decoded::Blank(n)) if pos + n as u64 == seg_end => {
+                            pos = seg_end;
+                            None
+                        }
+                        Ok(Decoded::Blank(n)) => Some((pos, Corruption::BadLength(n as i64))),
+                        Err(e) => Some((pos, e)),
                     }
+                };
+                let Some((at, kind)) = bad else {
+                    continue;
+                };
+                if at >= from {
+                    return Ok(Some((at, kind)));
                 }
-                Ok(Decoded::Blank(n)) if pos + n as u64 == seg_end => pos = seg_end,
-                Ok(Decoded::Blank(n)) => break Some((pos, Corruption::BadLength(n as i64))),
-                Err(e) => break Some((pos, e)),
+                // Below the verified part: the replay start was no record boundary or
+                // the log is damaged where the checkpoint vouched for it. Not this
+                // scan's to judge: verify from `from` as without a replay; the caller
+                // rebuilds from the log's first record (which refuses real damage).
+                tracing::warn!(
+                    offset = at, %kind, verified_from = from,
+                    "recovery replay met an undecodable record below the verified part; \
+                     the rebuild falls back to the whole log"
+                );
+                report.replay_failed = Some((at, kind));
+                pos = from;
             }
-        };
+        }
+        .await;
         reader.finish().await;
+        let bad = walked?;
         report.end = pos;
         let Some((bad_at, kind)) = bad else {
             return Ok(report);

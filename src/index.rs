@@ -398,6 +398,8 @@ pub struct IndexService {
     durable: Cell<IndexHeader>,
     /// End time of the last full file flushed (the checkpoint's indexMsgTimestamp).
     full_flushed_end_ts: Cell<i64>,
+    /// The highest commit-log offset the index named when it was opened (-1: none).
+    high_water: Cell<i64>,
     /// Serialises flushes, rollovers and evictions.
     flush_lock: glommio::sync::Semaphore,
 }
@@ -499,14 +501,25 @@ impl IndexService {
             end_before_record: Cell::new(false),
             durable: Cell::new(IndexHeader::empty()),
             full_flushed_end_ts: Cell::new(0),
+            high_water: Cell::new(-1),
             flush_lock: glommio::sync::Semaphore::new(1),
         };
+        *svc.files.borrow_mut() = files;
+        let report = svc.settle(clean, log_end).await?;
+        svc.warm_cache().await?;
+        Ok((svc, report))
+    }
+
+    /// Drops the files whose every entry names a record at or past `log_end` (a lost
+    /// log tail), repairs the last file when the stop was not `clean` or it names
+    /// such records, and makes that file the page set's.
+    async fn settle(&self, clean: bool, log_end: u64) -> Result<IndexOpenReport> {
         let mut report = IndexOpenReport::default();
         // Files made stale by a lost log tail: drop those whose every entry is gone.
-        while let Some(last) = files.last().cloned() {
+        while let Some(last) = self.current() {
             let h = last.header.get();
             let first_gone = if h.has_entries() {
-                past(svc.entry_on_disk(&last.file, 1).await?.phy_offset, log_end)
+                past(self.entry_on_disk(&last.file, 1).await?.phy_offset, log_end)
             } else {
                 past(h.end_phy_offset, log_end) && h.end_timestamp > 0
             };
@@ -514,37 +527,81 @@ impl IndexService {
                 break;
             }
             report.entries_cut += (h.index_count.max(1) - 1) as u64;
-            svc.disk.remove_file(&last.file.path)?;
-            files.pop();
+            self.disk.remove_file(&last.file.path)?;
+            self.files.borrow_mut().pop();
         }
-        if let Some(last) = files.last().cloned() {
+        self.end_before_record.set(false);
+        if let Some(last) = self.current() {
             let h = last.header.get();
             if !clean || (past(h.end_phy_offset, log_end) && h.end_timestamp > 0) {
-                let (repaired, cut) = svc.repair(&last, log_end).await?;
+                let (repaired, cut) = self.repair(&last, log_end).await?;
                 report.slots_repaired = repaired;
                 report.entries_cut += cut;
             }
         }
-        svc.disk.sync_dir(&svc.dir)?;
-        report.files = files.len();
-        if let Some(last) = files.last() {
+        self.disk.sync_dir(&self.dir)?;
+        report.files = self.files.borrow().len();
+        self.indexed_end.set(0);
+        self.durable.set(IndexHeader::empty());
+        self.high_water.set(-1);
+        self.pages.borrow_mut().reset(0);
+        if let Some(last) = self.current() {
             let h = last.header.get();
-            svc.durable.set(h);
+            self.durable.set(h);
             if h.has_entries() || h.end_timestamp > 0 {
-                svc.indexed_end.set((h.end_phy_offset.max(-1) + 1) as u64);
+                self.indexed_end.set((h.end_phy_offset.max(-1) + 1) as u64);
             }
-            svc.load_slot_table(last).await?;
+            // The highest log offset the index names: its end, or the record of its
+            // last entry (a flush between two keys of a record counts entries before
+            // the end moves to that record).
+            let mut high = h.end_phy_offset;
+            if h.has_entries() {
+                let last_entry = self.entry_on_disk(&last.file, h.index_count - 1).await?;
+                high = high.max(last_entry.phy_offset);
+            }
+            self.high_water.set(high);
+            self.load_slot_table(&last).await?;
         }
-        if let Some(full) = files
+        self.full_flushed_end_ts.set(0);
+        if let Some(full) = self
+            .files
+            .borrow()
             .iter()
             .rev()
-            .find(|f| f.header.get().index_count as u32 >= geo.entries)
+            .find(|f| f.header.get().index_count as u32 >= self.geo.entries)
         {
-            svc.full_flushed_end_ts.set(full.header.get().end_timestamp);
+            self.full_flushed_end_ts
+                .set(full.header.get().end_timestamp);
         }
-        *svc.files.borrow_mut() = files;
-        svc.warm_cache().await?;
-        Ok((svc, report))
+        Ok(report)
+    }
+
+    /// After recovery found the log's end (the index was opened before, with no end
+    /// to cut at): when the index names a record at or past `log_end` (the log lost a
+    /// tail the index had taken), cuts those entries as [`IndexService::open`] would
+    /// have with this `log_end`, and returns `true` (the caller then re-dispatches
+    /// from [`IndexService::resume_point`]). Such an index took nothing since it was
+    /// opened: every record the log kept lies below what it had already taken.
+    pub async fn cut_to(&self, log_end: u64) -> Result<bool> {
+        if !past(self.high_water.get(), log_end) {
+            return Ok(false);
+        }
+        if !self.pages.borrow().dirty.is_empty() {
+            return Err(Error::Failed(format!(
+                "key index {}: took records after it was opened although it names records \
+                 past the recovered log end {log_end}",
+                self.dir.display()
+            )));
+        }
+        // Pages of the files about to change may be cached: start the cache afresh.
+        {
+            let mut cache = self.cache.borrow_mut();
+            *cache = ReadCache::new(cache.cap);
+        }
+        let report = self.settle(false, log_end).await?;
+        tracing::warn!(dir = %self.dir.display(), log_end, ?report, "key index cut back to the recovered log");
+        self.warm_cache().await?;
+        Ok(true)
     }
 
     /// Records below this commit-log offset are already indexed; re-dispatch at

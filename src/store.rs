@@ -20,28 +20,61 @@
 //!   up); `flush()` forces it.
 //! * After a clean `shutdown()` everything acknowledged is durable and `abort` is gone.
 //!
-//! Recovery (`Store::open`, timed step by step in [`OpenReport::phases`]): the
-//! CommitLog scan (see `commit_log`), the key index opened and repaired, every
-//! ConsumeQueue loaded and cut to the recovered log, then re-dispatch from
-//! min(checkpoint dispatch point, index durable point) through the scan's read-ahead
-//! reader, the queues flushed and a new checkpoint written. The key index is not
-//! flushed by the open (it knows its own durable point; the next background round
-//! flushes it). Measured in scenario 7 (352 MB of log, 2 shards, after a kill right
-//! after the log was flushed): open 1.05-1.34 s against 2.7-2.9 s before and fio's
-//! ~0.3-0.45 s for the same bytes, so still 3-4x. What is left, biggest first:
-//! * **A second pass.** When the queues or the key index lag (the key index's durable
-//!   point after a crash is often the start of its file: the first background round
-//!   had not finished), re-dispatch reads again what the scan just verified: 0.48-0.52
-//!   s for 176 MB with key-index inserts, more than the scan (0.26-0.43 s). RocketMQ
-//!   dispatches during its recovery scan and trims the queues afterwards; doing that
-//!   here needs the queues and key index loaded before the scan without the cut to
-//!   the recovered end (and kept unmodified when the scan refuses the log).
-//! * **Key-index flush** after a long re-dispatch: one page write at a time, 1.4 s for
-//!   150,000 keys (src/index.rs `flush_locked`); now paid by the first background
-//!   round and by `shutdown` (1.5 s) instead of the open.
-//! * Key-index open after a crash (repair): 0.08-0.17 s; queue loads 0.03-0.05 s.
+//! Recovery (`Store::open`, timed step by step in [`OpenReport::phases`]) is one pass
+//! over the log. Order, and why:
+//! 1. The CommitLog's segments are opened, nothing read yet.
+//! 2. The key index is opened (repaired after a crash) while every ConsumeQueue loads
+//!    (16 at a time: each load is a chain of small dependent I/Os). Neither is cut to
+//!    the log's end, which is not known yet; their resume points are: the queues
+//!    resume at the checkpoint's dispatch point (at the log's first record when a queue
+//!    is missing or shorter than the manifest says: uncut queues hold at least that),
+//!    the key index at its own durable point ([`crate::index::IndexService::resume_point`]).
+//! 3. The scan (`CommitLog::recover`) verifies the log and hands every record from the
+//!    lower of the two resume points to a [`RecordSink`]: ConsumeQueue entries for
+//!    records at or past the queues' point, key-index entries for records at or past
+//!    the index's, so no record is dispatched twice to a structure. Only records below
+//!    the end the scan keeps reach the sink (a torn tail is cut, damage refused: the
+//!    open then fails and the queues, only changed in memory, are not written).
+//! 4. Queues and index that reach past the recovered end (the log lost a tail they had
+//!    taken) are cut back to it. They took nothing in step 3: every record the log kept
+//!    lies below what they held. A cut index re-takes the records after its new end
+//!    (a few); a replay that meets an undecodable record below the verified part, or a
+//!    queue that disagrees with the log, falls back to rebuilding the queues from the
+//!    log's first record (a second pass, as before one pass).
+//! 5. Queues flushed (16 at a time), a new checkpoint written. The key index is not
+//!    flushed by the open (it knows its own durable point; the next background round
+//!    flushes it).
+//!
+//! Measured in scenario 7 (`coremq bench --messages 1000000 --body 1024 --queues 64
+//! --kill-after-flush`, then `--mode recover` on fresh copies of the killed store; 2
+//! shards, 1.17 GB of log; old and new binaries interleaved with fio's read of 1.17 GB
+//! (1 MiB O_DIRECT reads, io_uring, depth 8) in the same minute, 2026-12-03 04:37-04:38
+//! UTC; tests/recovery_once.rs checks the result equals a clean run's):
+//!
+//! | killed store | before (two passes) | one pass | fio, same minute |
+//! |---|---|---|---|
+//! | as killed: shard 0's queues 437 MB behind, both indexes current | 1.48, 1.45, 1.44 s | 1.17, 1.14, 1.19 s | 1.13-1.61 s (median 1.27) |
+//! | index directories removed (every key re-indexed, as in the issue's run) | 2.20, 2.06 s | 0.97, 0.83 s | 1.22-1.39 s |
+//!
+//! So 1.1-1.7x fio before, 0.6-0.9x now (the two shards read in parallel, which the
+//! disk serves faster than fio's one job). Per shard, before: scan 0.68-1.19 s, then
+//! re-dispatch 0.44-0.66 s reading the same bytes again; now scan and dispatch
+//! together 0.73-0.98 s. Reordering alone first made things worse (2.5-2.6 s against
+//! 1.8-2.0 s, a busier minute): the index open (0.4-0.5 s) and queue loads (0.4-0.7 s)
+//! of one shard, now before its scan, waited behind the other shard's scan reads;
+//! loading the queues concurrently, with the index open alongside, brought that step
+//! to 0.02-0.17 s. Profile (`perf record -g`, both shards): the scan is not CPU-bound
+//! (a shard's thread is busy 30-55% of its scan); CRC32 is the largest CPU item (~26%
+//! of samples: `crc32fast` over every byte at ~4 GB/s, its `combine` ~4%), then the
+//! index repair walk at open (~5%), `membarrier` IPIs glommio issues each time an
+//! executor sleeps for I/O (~7-12%), and page faults of fresh read buffers (~3%).
+//! Dispatch itself (queue lookups, entry appends, key inserts) is under 3%.
+//! Left: the index repair reads the slot table once to repair it and again to load
+//! it (50-130 ms at open after a crash; could repair the loaded table in memory);
+//! read buffers are allocated per read (could be reused); a faster CRC32 (VPCLMULQDQ)
+//! would cut the largest CPU item.
 
-use crate::commit_log::{CommitLog, LogReader};
+use crate::commit_log::{CommitLog, LogReader, RecordSink, RecoverPlan};
 use crate::config::{FlushMode, StoreConfig};
 use crate::consume_queue::{ConsumeQueue, Placed};
 use crate::error::{Error, Result};
@@ -58,6 +91,10 @@ use crate::sync::{Notify, OffsetWatch, join_all};
 use ahash::AHashMap;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+
+/// Consume-queue loads or flushes in flight at once (each is a short chain of small
+/// I/Os; see [`load_queues`]).
+const QUEUE_IO_IN_FLIGHT: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -211,35 +248,30 @@ impl Store {
             u64::MAX
         };
         phases.lap("start");
-        let (log, scan) = CommitLog::open(
-            cfg.clone(),
-            scan_from,
-            durable_below,
-            clean && cp_valid,
-            crc_from,
-        )
-        .await?;
-        let log_end = log.written();
-        if log.crc_required_from() == u64::MAX {
-            // Nothing told us (no checkpoint, no record carried the property): require
-            // it of everything written from now on.
-            log.set_crc_required_from(log_end);
-        }
-        phases.lap("commit log");
+        let log = CommitLog::open_files(cfg.clone(), crc_from).await?;
         let checkpoint = disk.open(&cp_path, true).await?;
-        // Key index (issue 4): loaded (and repaired after a crash) before dispatch.
-        let index = if cfg.index_enable {
-            let (ix, rep) = crate::index::IndexService::open(&cfg, clean, log_end).await?;
+        // One pass (see the module docs): the key index and the queues are opened
+        // before the log is scanned, so the scan hands them the records it verifies.
+        // The log's end is not known yet: nothing is cut here (`u64::MAX`); what lies
+        // past the recovered end is cut once the scan has found it.
+        let log_min = log.min_offset();
+        // The key index opens while the queues load: both are chains of small I/Os.
+        let open_index = async {
+            if !cfg.index_enable {
+                return Ok(None);
+            }
+            let (ix, rep) = crate::index::IndexService::open(&cfg, clean, u64::MAX).await?;
             tracing::debug!(?rep, "key index opened");
-            Some(Rc::new(ix))
-        } else {
-            None
+            Ok::<_, Error>(Some(Rc::new(ix)))
         };
-        phases.lap("key index");
+        let (index, queues) =
+            futures_lite::future::zip(open_index, load_queues(&cfg, log_min, u64::MAX)).await;
+        let (index, (queues, queues_damaged)) = (index?, queues?);
+        phases.lap("key index and queues");
         let inner = Rc::new(Inner {
             cfg: cfg.clone(),
             log: log.clone(),
-            queues: RefCell::new(AHashMap::new()),
+            queues: RefCell::new(queues),
             dispatched: OffsetWatch::new(0),
             dispatch_wake: Notify::default(),
             flusher_wake: Notify::default(),
@@ -259,12 +291,12 @@ impl Store {
             read_cache: crate::read_cache::ReadCache::new(&cfg),
             _heartbeat: heartbeat,
         });
-        let queues_damaged = inner.load_queues(log.min_offset(), log_end).await?;
-        phases.lap("queues");
         let loaded = inner.manifest(0).queues.len();
+        // Queues not yet cut to the log's end hold at least what the manifest says
+        // they held at the checkpoint, whatever the scan finds: fewer means lost.
         let queues_lost = queues_damaged
             || (cp_valid && (loaded as u32) < cp.queue_count)
-            || (cp_valid && inner.queues_shorter_than_manifest(&cp, log_end));
+            || (cp_valid && inner.queues_shorter_than_manifest(&cp, u64::MAX));
         if queues_lost {
             tracing::warn!(
                 loaded,
@@ -272,33 +304,80 @@ impl Store {
                 "consume queues are missing; rebuilding them from the whole log"
             );
         }
+        // Queues resume at the checkpoint's dispatch point; if they disagree with it
+        // (files lost or damaged), every queue is rebuilt from the log's first record.
+        // The key index resumes at its own durable point (it may lag the checkpoint).
         let mut from = if cp_valid && !queues_lost {
-            cp.dispatch_safe_offset.min(log_end)
+            cp.dispatch_safe_offset
         } else {
-            log.min_offset()
-        };
-        from = from.max(log.min_offset());
-        // The key index may lag the checkpoint: re-dispatch from its durable point too
-        // (queue entries already present are skipped as duplicates).
+            log_min
+        }
+        .max(log_min);
         let index_from = inner
             .index
             .as_ref()
-            .map_or(from, |ix| ix.resume_point().max(log.min_offset()).min(from));
-        // Dispatch from the checkpoint; if the queues disagree with it (files lost or
-        // damaged), rebuild every queue from the log's first record.
-        let rebuilt = match inner
-            .redispatch(index_from, log_end, from == log.min_offset())
-            .await
-        {
-            Ok(n) => n,
-            Err(e) if from > log.min_offset() => {
-                tracing::warn!(error = %e, "dispatch from the checkpoint failed; rebuilding queues from the whole log");
-                from = log.min_offset();
-                inner.redispatch(from, log_end, true).await?
-            }
-            Err(e) => return Err(e),
+            .map_or(u64::MAX, |ix| ix.resume_point().max(log_min));
+        let loaded_max = inner.queue_lengths();
+        let mut replay = Replay {
+            inner: &inner,
+            queues_from: from,
+            index_from,
+            rebuild: from == log_min,
+            placed: 0,
+            queue_failure: None,
         };
-        phases.lap("dispatch");
+        let plan = RecoverPlan {
+            scan_from,
+            durable_below,
+            trust_end: clean && cp_valid,
+            replay_from: from.min(index_from),
+        };
+        let scan = log.recover(plan, &mut replay).await?;
+        let mut rebuilt = replay.placed;
+        let queue_failure = replay.queue_failure.take();
+        let log_end = log.written();
+        if log.crc_required_from() == u64::MAX {
+            // Nothing told us (no checkpoint, no record carried the property): require
+            // it of everything written from now on.
+            log.set_crc_required_from(log_end);
+        }
+        phases.lap("scan and dispatch");
+        // Structures ahead of the recovered log (it lost a tail they had taken) are
+        // cut back to it. They took nothing from the scan: every record it kept lies
+        // below what they already held.
+        let queues_inconsistent = inner.trim_queues(log_min, log_end, &loaded_max).await?;
+        let index_cut = match &inner.index {
+            Some(ix) => ix.cut_to(log_end).await?,
+            None => false,
+        };
+        // The rare second passes: the replay or the queues disagreed with the log
+        // (rebuild every queue from the log's first record, as before one pass), or
+        // the key index was cut and takes again the records after its new end.
+        let mut fallback = scan
+            .replay_failed
+            .map(|(at, kind)| format!("the replay met an undecodable record at {at} ({kind})"));
+        if let Some(e) = queue_failure {
+            if from == log_min {
+                // Already rebuilding from the first record: nothing else to try.
+                return Err(e);
+            }
+            fallback.get_or_insert(e.to_string());
+        }
+        if queues_inconsistent {
+            fallback.get_or_insert("a queue ahead of the log took records too".into());
+        }
+        if let Some(why) = fallback {
+            tracing::warn!(
+                why,
+                "dispatch from the checkpoint failed; rebuilding queues from the whole log"
+            );
+            from = log_min;
+            rebuilt += inner.redispatch(log_min, log_end, true).await?;
+        } else if index_cut && let Some(ix) = &inner.index {
+            let resume = ix.resume_point().max(log_min);
+            rebuilt += inner.redispatch(resume, log_end, from == log_min).await?;
+        }
+        phases.lap("cut");
         inner.dispatched.set(log_end);
         for qs in inner.queues.borrow().values() {
             for q in qs.values() {
@@ -870,6 +949,106 @@ impl Store {
     }
 }
 
+/// Recovery's [`RecordSink`]: builds ConsumeQueue entries and key-index entries for
+/// the records the scan reads, each structure from its own resume point (records
+/// below it are never dispatched again to it).
+struct Replay<'a> {
+    inner: &'a Inner,
+    /// Records at or after this get queue entries (the checkpoint's dispatch point).
+    queues_from: u64,
+    /// Records at or after this go to the key index (its resume point).
+    index_from: u64,
+    /// Queues are rebuilt from the log's first record (an empty queue may start late).
+    rebuild: bool,
+    /// Queue entries appended.
+    placed: u64,
+    /// Set when a queue refused an entry (a gap): the queues take nothing more.
+    queue_failure: Option<Error>,
+}
+
+impl RecordSink for Replay<'_> {
+    async fn record(&mut self, pos: u64, r: &record::RecordView<'_>) -> Result<()> {
+        if pos >= self.queues_from && self.queue_failure.is_none() && r.is_dispatched_to_queue() {
+            match self.inner.place_entry(r, self.rebuild) {
+                Ok(appended) => self.placed += appended as u64,
+                Err(e) => {
+                    tracing::warn!(error = %e, "recovery dispatch: a queue disagrees with the log");
+                    self.queue_failure = Some(e);
+                }
+            }
+        }
+        if pos >= self.index_from
+            && let Some(ix) = &self.inner.index
+        {
+            ix.add(r).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The queues of a shard, by topic and queue id.
+type QueueMap = AHashMap<String, AHashMap<i32, Rc<Queue>>>;
+
+/// Loads every ConsumeQueue under `cfg.root`. A queue whose files are damaged (a file
+/// missing between others) is discarded; the flag says that happened, so the caller
+/// rebuilds the queues from the whole log.
+async fn load_queues(cfg: &StoreConfig, log_min: u64, log_end: u64) -> Result<(QueueMap, bool)> {
+    let mut damaged = false;
+    let cq_root = cfg.root.join("consumequeue");
+    let disk = &cfg.disk;
+    let mut found = Vec::new();
+    for t in disk.list_dir(&cq_root)? {
+        if !t.is_dir {
+            continue;
+        }
+        for qd in disk.list_dir(&t.path)? {
+            let Some(qid) = qd.name.parse::<i32>().ok().filter(|_| qd.is_dir) else {
+                continue;
+            };
+            let cq = ConsumeQueue::new(
+                &cfg.root,
+                &t.name,
+                qid,
+                cfg.consume_queue_entries_per_file,
+                disk.clone(),
+            );
+            found.push((Rc::new(cq), qd.path));
+        }
+    }
+    // Several loads at once: each is a chain of small dependent I/Os (list, open, read,
+    // rewrite the tail page, fdatasync) that waits behind the other shards' recovery
+    // reads; one after another they took 0.2-0.6 s of a shard's open in scenario 7 (64
+    // queues over 2 shards).
+    let mut queues = QueueMap::new();
+    for group in found.chunks(QUEUE_IO_IN_FLIGHT) {
+        let loads = group
+            .iter()
+            .map(|(cq, _)| cq.load(log_min, log_end))
+            .collect();
+        for (r, (cq, path)) in join_all(loads).await.into_iter().zip(group) {
+            match r {
+                Ok(()) => {
+                    let q = Rc::new(Queue {
+                        cq: cq.clone(),
+                        next_put: Cell::new(0),
+                    });
+                    queues
+                        .entry(cq.topic.clone())
+                        .or_default()
+                        .insert(cq.queue_id, q);
+                }
+                Err(e @ Error::Corrupt { .. }) => {
+                    tracing::warn!(error = %e, "discarding a damaged consume queue; it is rebuilt from the log");
+                    disk.remove_dir_all(path)?;
+                    damaged = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok((queues, damaged))
+}
+
 /// Times the steps of `Store::open`.
 struct Phases {
     last: std::time::Instant,
@@ -1048,38 +1227,69 @@ impl Inner {
         q
     }
 
-    /// Loads every ConsumeQueue. A queue whose files are damaged (a file missing
-    /// between others) is discarded; returns `true` when that happened, so the caller
-    /// rebuilds the queues from the whole log.
-    async fn load_queues(&self, log_min: u64, log_end: u64) -> Result<bool> {
-        let mut damaged = false;
-        let cq_root = self.cfg.root.join("consumequeue");
-        let disk = &self.cfg.disk;
-        for t in disk.list_dir(&cq_root)? {
-            if !t.is_dir {
-                continue;
+    /// Every queue's length now, by (topic, queue id).
+    fn queue_lengths(&self) -> AHashMap<(String, i32), u64> {
+        self.queues
+            .borrow()
+            .iter()
+            .flat_map(|(t, m)| {
+                m.iter()
+                    .map(move |(q, v)| ((t.clone(), *q), v.cq.max_offset()))
+            })
+            .collect()
+    }
+
+    /// After recovery found the log's end: loads again, cut to `log_end`, every queue
+    /// whose entries reach past it (the log lost a tail they had taken). Such a queue
+    /// took nothing from the scan (its entries for the kept records were all there);
+    /// returns `true` if one did all the same (it no longer had the length it was
+    /// loaded with), so the caller rebuilds the queues from the whole log.
+    async fn trim_queues(
+        &self,
+        log_min: u64,
+        log_end: u64,
+        loaded: &AHashMap<(String, i32), u64>,
+    ) -> Result<bool> {
+        let ahead: Vec<Rc<Queue>> = self
+            .queues
+            .borrow()
+            .values()
+            .flat_map(|m| m.values())
+            .filter(|q| q.cq.max_phys_end() > log_end)
+            .cloned()
+            .collect();
+        let mut inconsistent = false;
+        for q in ahead {
+            let (topic, qid) = (q.cq.topic.clone(), q.cq.queue_id);
+            if loaded.get(&(topic.clone(), qid)) != Some(&q.cq.max_offset()) {
+                inconsistent = true;
             }
-            let topic = t.name;
-            for qd in disk.list_dir(&t.path)? {
-                let Some(qid) = qd.name.parse::<i32>().ok().filter(|_| qd.is_dir) else {
-                    continue;
-                };
-                let q = self.queue(&topic, qid);
-                match q.cq.load(log_min, log_end).await {
-                    Ok(()) => {}
-                    Err(e @ Error::Corrupt { .. }) => {
-                        tracing::warn!(error = %e, "discarding a damaged consume queue; it is rebuilt from the log");
-                        disk.remove_dir_all(&qd.path)?;
-                        if let Some(m) = self.queues.borrow_mut().get_mut(&topic) {
-                            m.remove(&qid);
-                        }
-                        damaged = true;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            let cq = Rc::new(ConsumeQueue::new(
+                &self.cfg.root,
+                &topic,
+                qid,
+                self.cfg.consume_queue_entries_per_file,
+                self.cfg.disk.clone(),
+            ));
+            cq.load(log_min, log_end).await?;
+            tracing::warn!(
+                topic,
+                queue = qid,
+                from = q.cq.max_offset(),
+                to = cq.max_offset(),
+                "consume queue cut back to the recovered log"
+            );
+            let fresh = Rc::new(Queue {
+                cq,
+                next_put: Cell::new(0),
+            });
+            self.queues
+                .borrow_mut()
+                .entry(topic)
+                .or_default()
+                .insert(qid, fresh);
         }
-        Ok(damaged)
+        Ok(inconsistent)
     }
 
     /// Builds ConsumeQueue entries for the records in `[from, to)`, reading the log.
@@ -1232,15 +1442,18 @@ impl Inner {
     }
 
     async fn flush_queues(&self) -> Result<()> {
-        let queues: Vec<Rc<Queue>> = self
+        let dirty: Vec<Rc<Queue>> = self
             .queues
             .borrow()
             .values()
             .flat_map(|m| m.values().cloned())
+            .filter(|q| q.cq.is_dirty())
             .collect();
-        for q in queues {
-            if q.cq.is_dirty() {
-                q.cq.flush().await?;
+        // Each flush is a write and an fdatasync: several at once, not one after another.
+        for group in dirty.chunks(QUEUE_IO_IN_FLIGHT) {
+            let flushes = group.iter().map(|q| q.cq.flush()).collect();
+            for r in join_all(flushes).await {
+                r?;
             }
         }
         Ok(())
