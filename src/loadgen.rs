@@ -1056,19 +1056,22 @@ async fn lane(p: Rc<Producer>, lane_id: u64) -> u64 {
             None => batch,
         };
         let intended = p.rate.map(|r| p.start_ns + (k as f64 * 1e9 / r) as u64);
+        // One clock read serves the deadline check and, unless the send is paced and
+        // sleeps, the start time: clock reads were ~5% of the CPU per message.
+        let mut now = now_ns();
         if let Some(deadline) = p.deadline_ns
-            && intended.unwrap_or_else(now_ns) >= deadline
+            && intended.unwrap_or(now) >= deadline
         {
             break;
         }
         p.next.set(k + n);
-        if let Some(at) = intended {
-            let now = now_ns();
-            if at > now + PACE_SLACK_NS {
-                glommio::timer::sleep(Duration::from_nanos(at - now)).await;
-            }
+        if let Some(at) = intended
+            && at > now + PACE_SLACK_NS
+        {
+            glommio::timer::sleep(Duration::from_nanos(at - now)).await;
+            now = now_ns();
         }
-        let started = now_ns();
+        let started = now;
         // A send that starts late is charged from its intended time; one that starts
         // a little early (within the timer slack) from when it really started.
         let sent = intended.map_or(started, |at| at.min(started));
