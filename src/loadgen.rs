@@ -180,8 +180,8 @@
 //! | 04:32, `--no-index` | 2.90 us; 259k | 2.21 us; 377k |
 //!
 //! So about -25% CPU per message with the new defaults (mean 1.85 us against 2.56 us
-//! in the last three pairs) and about +50% msg/s (452k against 291k, 0.25-0.30 of
-//! fio's write MB/s against 0.17); msg/s follows the CPU left to the run on this
+//! in the last three pairs) and about +50% msg/s (452k against 291k; body MB/s 0.27
+//! and 0.31 of fio's write MB/s next to it, against 0.17 and 0.21); msg/s follows the CPU left to the run on this
 //! shared machine (in the loaded minute the runs got 3-5 CPU-seconds of the 20
 //! available). The 1 M msg/s target (<= ~2 us all in, with the CPU to run it) is
 //! not reached: 1.55 us in the best run, at 545k msg/s. Left, biggest first
