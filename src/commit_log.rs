@@ -964,6 +964,38 @@ impl CommitLog {
         self.last_put_ts.set(store_ts);
     }
 
+    /// Appends `len` bytes at `at` (the written position) that `fill` writes: straight
+    /// into the open window when they fit in it, else through a buffer and
+    /// [`CommitLog::append`]. `fill` gets exactly `len` bytes (not zeroed).
+    pub fn append_with(&self, at: u64, len: usize, store_ts: i64, fill: impl FnOnce(&mut [u8])) {
+        assert_eq!(
+            at,
+            self.written.get(),
+            "append must continue at the written position"
+        );
+        let idx = at / self.win_bytes;
+        let off = (at % self.win_bytes) as usize;
+        if off + len > self.win_bytes as usize {
+            let mut buf = vec![0u8; len];
+            fill(&mut buf);
+            self.append(at, &buf, store_ts);
+            return;
+        }
+        let mut w = self.windows.borrow_mut();
+        while w.first + w.resident.len() as u64 <= idx {
+            w.push_new();
+            // A window was sealed: there is a whole window to commit.
+            self.writer_wake.notify();
+        }
+        let Some(Win::Open(buf)) = w.resident.back_mut() else {
+            unreachable!()
+        };
+        fill(&mut buf.as_bytes_mut()[off..off + len]);
+        drop(w);
+        self.written.set(at + len as u64);
+        self.last_put_ts.set(store_ts);
+    }
+
     /// Writes the blank record that ends the current segment and moves `written` to
     /// the next segment's start. Windows for the skipped bytes are zero-filled.
     pub fn append_blank(&self, at: u64) {
@@ -1076,6 +1108,26 @@ impl CommitLog {
             pos = piece_end;
         }
         Ok(())
+    }
+
+    /// Runs `f` on the bytes `[off, off + len)` cut at the end of their window, when
+    /// that window is resident and the bytes are written; `None` otherwise. The
+    /// dispatcher decodes records in place this way instead of copying them out
+    /// ([`CommitLog::read_into`]): that copy was ~4.5% of the CPU per 1 KiB put.
+    pub fn with_resident<R>(&self, off: u64, len: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let end = (off + len as u64).min(self.written.get());
+        if off >= end || off < self.min_offset.get() {
+            return None;
+        }
+        let idx = off / self.win_bytes;
+        let w = self.windows.borrow();
+        if idx < w.first || idx >= w.first + w.resident.len() as u64 {
+            return None;
+        }
+        let b = w.resident[(idx - w.first) as usize].bytes();
+        let o = (off % self.win_bytes) as usize;
+        let n = (end.min((idx + 1) * self.win_bytes) - off) as usize;
+        Some(f(&b[o..o + n]))
     }
 
     /// Start of the open window: every byte below it sits in a sealed window.

@@ -93,7 +93,12 @@ pub struct StoreConfig {
     pub disk: crate::io::Disk,
     /// Puts wait while the dispatcher (consume queues, key index) is more than this
     /// many log bytes behind (0: never): bounds how stale consumers and key queries
-    /// can be and how long a shutdown takes. RocketMQ has no such bound.
+    /// can be and how long a shutdown takes. RocketMQ has no such bound. The default
+    /// (48 MiB, 3/4 of the default write pool) keeps the records still to dispatch in
+    /// resident write windows, where the dispatcher decodes them in place: with 256
+    /// MiB it trailed beyond the pool and read every record back from disk and
+    /// copied it (scenario 1: 2.2 us of CPU per message against 1.75 us at 48 MiB,
+    /// and 478k against 552k msg/s; see `store.rs`).
     pub max_dispatch_lag_bytes: u64,
     /// Check free space before puts (the two watermarks below). Off only for tests of
     /// what a real write error does.
@@ -185,7 +190,7 @@ impl StoreConfig {
             query_default_max: 32,
             query_max: 64,
             disk: crate::io::Disk::Real,
-            max_dispatch_lag_bytes: 256 << 20,
+            max_dispatch_lag_bytes: 48 << 20,
             disk_space_check: true,
             disk_full_ratio: 0.90,
             disk_min_free_bytes: None,

@@ -118,6 +118,83 @@
 //!   copied per byte delivered; consumers that fall behind read ~0.1 M msg/s against
 //!   0.8 M msg/s put and never catch up.
 
+//! # Profile: async 1 KiB puts, scenario 1 (2026-12-03, branch `put`)
+//!
+//! `perf record -g --call-graph dwarf` of `coremq bench --flush async --body 1024
+//! --queues 64 --duration 6` (2 shards, key index on, one key per message), folded
+//! with /work/bw/fold.py; 2.4-2.6 us of CPU per message before. Shares of all
+//! samples, store and load generator together:
+//!
+//! * **dispatch ~29%**: key-index insert 17.6% (of which the cache miss on the
+//!   random slot, `PageSet::read_i32`, 7.6%), copying log ranges out to parse them
+//!   (`CommitLog::read_into`) 4.6%, ConsumeQueue entries 4.1%, record parsing 1.9%.
+//!   The dispatcher trailed the puts by up to `max_dispatch_lag_bytes` (256 MiB per
+//!   shard), past the 64 MiB of resident write windows, so it read nearly every
+//!   record back from disk and copied it.
+//! * **put path ~30%**: `record::encode` 9.5% (CRC combine 2.3%, encoding into a
+//!   scratch `Vec` 1.2% and copying that into the window 1.3%), the free-space check
+//!   1.8% (an `Instant::now` per put), the store timestamp 1.5%, the queue lookup
+//!   1.4%, properties 1.5%.
+//! * **load generator ~19%**: building messages 11.6% (five small allocations per
+//!   message: topic, properties `Vec`, TAGS and KEYS names and values; the body cut
+//!   from a shared chunk; key formatting), three clock reads per put 2.4%.
+//! * **key-index flush ~4%**: with one key per message nearly every 4 KiB slot page
+//!   is dirty at every 1 s flush (20 MB per shard per second), copied twice (a
+//!   `Vec`, then a DMA buffer in `File::write_aligned`).
+//! * kernel and glommio ~12%: virtio notifications (`iowrite16`) 3.3%, task switches
+//!   and membarrier IPIs of parks ~3%, page faults ~2%.
+//!
+//! What changed (each one removes work, nothing changes on disk):
+//!
+//! * the dispatcher decodes records where they lie in a resident window
+//!   (`CommitLog::with_resident`, `Inner::dispatch_in_place`) and adds their keys
+//!   with `IndexService::add_now` (no await; a record whose index pages are missing
+//!   finishes through a copy and `add_from`); and the default
+//!   `max_dispatch_lag_bytes` is 48 MiB, 3/4 of the write pool, so the records still
+//!   to dispatch stay resident (no disk reads, no copy). Decoding in the buffers of
+//!   disk reads as well was tried and dropped: dispatch then ran at about half the
+//!   rate (230k against 370-450k msg/s with `--no-index`, same minute; cause not
+//!   found).
+//! * records are encoded straight into the write window (`CommitLog::append_with`,
+//!   `record::encode_to`), and bodies up to 16 KiB are hashed twice for the record
+//!   CRC instead of `Hasher::combine`;
+//! * the free-space check reads `CLOCK_MONOTONIC_COARSE`; the load generator reads
+//!   the clock twice per put instead of three times;
+//! * the key-index flush copies dirty pages once, straight into the DMA buffers it
+//!   writes (`write_rc`).
+//!
+//! A software prefetch of the next record's slot (decode one record ahead, prefetch,
+//! then insert the current one) was tried and dropped: the prefetch instruction
+//! itself took the miss (5.5% of the samples) and the slot write another 4.5%,
+//! more than the 7.6% it was to hide (the slot table's 4 KiB pages miss the TLB too).
+//!
+//! Measured, old (66a38a8) and new binaries interleaved, `--duration 10`, CPU per
+//! message (whole run, final flush included) and msg/s:
+//!
+//! | minute (UTC), fio seq write | old | new |
+//! |---|---|---|
+//! | 03:52, quieter (load 2-3) | 2.30, 2.17 us; 450k, 482k | 2.16, 2.14 us; 482k, 481k (256 MiB lag) |
+//! | 03:53, both `--max-dispatch-lag-mib 48` | 2.20 us; 478k | 1.75 us; 552k |
+//! | 04:16-04:18, load 7-9, fio 1144-1158 MB/s | 3.16, 2.59, 2.95 us; 129k, 93k, 109k | 2.24, 2.33, 2.06 us; 145k, 113k, 224k |
+//! | 04:30-04:32, load 2-4, fio 2042 then 1447 MB/s (commit 00ae163) | 2.07, 3.04, 2.57 us; 342k, 239k, 293k | 1.55, 2.15, 1.84 us; 545k, 376k, 436k |
+//! | 04:32, `--no-index` | 2.90 us; 259k | 2.21 us; 377k |
+//!
+//! So about -25% CPU per message with the new defaults (mean 1.85 us against 2.56 us
+//! in the last three pairs) and about +50% msg/s (452k against 291k; body MB/s 0.27
+//! and 0.31 of fio's write MB/s next to it, against 0.17 and 0.21); msg/s follows the CPU left to the run on this
+//! shared machine (in the loaded minute the runs got 3-5 CPU-seconds of the 20
+//! available). The 1 M msg/s target (<= ~2 us all in, with the CPU to run it) is
+//! not reached: 1.55 us in the best run, at 545k msg/s. Left, biggest first
+//! (from the profiles): the key index's slot miss (~0.2 us per key: a smaller slot
+//! table per file, or huge pages for it); the load generator's message building
+//! (~0.25 us: `Message` owns `String`s; a borrowed or shared topic and property
+//! names would save four allocations); ConsumeQueue appends and the queue lookup per
+//! record (a `(topic, queue)` hash per put and per dispatch); the clock reads for
+//! born and store timestamps (~20 ns each); virtio notifications per write. Seen
+//! once in ~15 runs of the new binary: a run whose shard never finished (executor
+//! parked in `io_cqring_wait`, no CPU, killed after 10 minutes), the same symptom
+//! as the hang noted below; not reproduced in the next 10 runs.
+//!
 //! # Profile notes: catch-up, key queries, recovery (scenarios 5-7)
 //!
 //! `scripts/bench.sh --quick` on this 2-CPU VM (fio: 853-1087 MB/s sequential
@@ -1107,19 +1184,22 @@ async fn lane(p: Rc<Producer>, lane_id: u64) -> u64 {
             None => batch,
         };
         let intended = p.rate.map(|r| p.start_ns + (k as f64 * 1e9 / r) as u64);
+        // One clock read serves the deadline check and, unless the send is paced and
+        // sleeps, the start time: clock reads were ~5% of the CPU per message.
+        let mut now = now_ns();
         if let Some(deadline) = p.deadline_ns
-            && intended.unwrap_or_else(now_ns) >= deadline
+            && intended.unwrap_or(now) >= deadline
         {
             break;
         }
         p.next.set(k + n);
-        if let Some(at) = intended {
-            let now = now_ns();
-            if at > now + PACE_SLACK_NS {
-                glommio::timer::sleep(Duration::from_nanos(at - now)).await;
-            }
+        if let Some(at) = intended
+            && at > now + PACE_SLACK_NS
+        {
+            glommio::timer::sleep(Duration::from_nanos(at - now)).await;
+            now = now_ns();
         }
-        let started = now_ns();
+        let started = now;
         // A send that starts late is charged from its intended time; one that starts
         // a little early (within the timer slack) from when it really started.
         let sent = intended.map_or(started, |at| at.min(started));
