@@ -457,7 +457,13 @@ impl IndexService {
                 disk.remove_file(&path)?;
                 continue;
             }
-            if size != geo.file_len() {
+            if size > geo.file_len() && size <= crate::io::align_up(geo.file_len()) {
+                // The last page is written whole (direct I/O) and the file cut back
+                // after; a stop between the two leaves this padding: cut it now.
+                tracing::warn!(path = %path.display(), size, "cutting an index file's last-page padding left by an interrupted write");
+                f.truncate(geo.file_len()).await?;
+                f.sync().await?;
+            } else if size != geo.file_len() {
                 return Err(Error::BadLayout {
                     path,
                     why: format!(

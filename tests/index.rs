@@ -950,3 +950,45 @@ async fn open_after_drop_with(cfg: StoreConfig) -> Store {
     }
     panic!("the dropped store never released its lock");
 }
+
+/// A flush writes an index file's last page whole (direct I/O) and then cuts the file
+/// back to its exact size; a stop between the two leaves up to a page of padding past
+/// the end. The next open cuts it and answers every key (it used to refuse the store
+/// with `BadLayout`, found by `kill_during_indexing_then_every_key_is_found`).
+#[test]
+fn last_page_padding_left_by_an_interrupted_flush_is_cut_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    run(move || async move {
+        let cfg = tiny(&root);
+        let store = Store::open(cfg.clone()).await.unwrap();
+        put_keyed(&store, 0, 300).await;
+        store.shutdown().await.unwrap();
+        let files = index_files(&root);
+        assert!(!files.is_empty());
+        let exact = std::fs::metadata(&files[0]).unwrap().len();
+        let padded = exact.div_ceil(4096) * 4096;
+        assert!(padded > exact, "the test needs a file that ends mid-page");
+        for f in &files {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(padded)
+                .unwrap();
+        }
+        let store = Store::open(cfg)
+            .await
+            .expect("open with padded index files");
+        for f in &files {
+            assert_eq!(
+                std::fs::metadata(f).unwrap().len(),
+                exact,
+                "{}",
+                f.display()
+            );
+        }
+        assert!(assert_log_fully_indexed(&store, &root).await > 0);
+        store.shutdown().await.unwrap();
+    });
+}
