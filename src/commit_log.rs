@@ -486,20 +486,7 @@ impl CommitLog {
                 } else {
                     let seg_end = seg + self.seg_bytes;
                     let room = (seg_end - pos) as usize;
-                    // The header says how many bytes the record needs (never past the
-                    // segment).
-                    let want = match record::peek_header(reader.bytes(pos, 8.min(room)).await?) {
-                        Ok((size, magic))
-                            if (magic == record::MAGIC_V1 || magic == record::MAGIC_V2)
-                                && size as usize >= record::MIN_RECORD_LEN
-                                && size as usize <= max_total =>
-                        {
-                            (size as usize).min(room)
-                        }
-                        _ => 8.min(room),
-                    };
-                    let buf = reader.bytes(pos, want).await?;
-                    let buf = &buf[..buf.len().min(room)];
+                    let buf = reader.record(pos, room, max_total).await?;
                     let verify = Verify {
                         crc: verified,
                         at_offset: Some(pos as i64),
@@ -1153,11 +1140,7 @@ impl CommitLog {
             return Ok(false);
         }
         let last_seg = self.segment_start(target - 1);
-        let mut s = self.segment_start(start);
-        while s <= last_seg {
-            self.ensure_segment(s).await?;
-            s += self.seg_bytes;
-        }
+        self.ensure_segments(start, last_seg).await?;
         let target = limit(self).min(last_seg + self.seg_bytes);
         self.wait_prewrite_clear(target).await;
         let ts = self.last_put_ts.get();
@@ -1229,6 +1212,16 @@ impl CommitLog {
         writes
     }
 
+    /// Ensures the segments from the one holding `start` through `last_seg` exist.
+    async fn ensure_segments(&self, start: u64, last_seg: u64) -> Result<()> {
+        let mut s = self.segment_start(start);
+        while s <= last_seg {
+            self.ensure_segment(s).await?;
+            s += self.seg_bytes;
+        }
+        Ok(())
+    }
+
     /// One sync-flush round ([`SyncFlushIo::DsyncWrite`]): copies
     /// `[align_down(committed), written)` (at most `commit_chunk_bytes *
     /// commit_max_inflight`) out of the windows and makes it durable with one
@@ -1243,11 +1236,7 @@ impl CommitLog {
             return Ok(false);
         }
         let last_seg = self.segment_start(target - 1);
-        let mut s = self.segment_start(start);
-        while s <= last_seg {
-            self.ensure_segment(s).await?;
-            s += self.seg_bytes;
-        }
+        self.ensure_segments(start, last_seg).await?;
         // Puts may have appended while a segment was created: take them too.
         let target = self
             .written
@@ -1618,6 +1607,25 @@ impl LogReader {
         };
         self.cur = Some((at, buf));
         Ok(true)
+    }
+
+    /// The bytes of the record at `pos`, at most `room` of them (the rest of its
+    /// segment or range): as many as its header says when that is a record's size
+    /// (`MIN_RECORD_LEN..=max_total`), else the 8 header bytes (a blank, or junk for
+    /// `record::decode` to name).
+    pub async fn record(&mut self, pos: u64, room: usize, max_total: usize) -> Result<&[u8]> {
+        let want = match record::peek_header(self.bytes(pos, 8.min(room)).await?) {
+            Ok((size, magic))
+                if (magic == record::MAGIC_V1 || magic == record::MAGIC_V2)
+                    && size as usize >= record::MIN_RECORD_LEN
+                    && size as usize <= max_total =>
+            {
+                (size as usize).min(room)
+            }
+            _ => 8.min(room),
+        };
+        let buf = self.bytes(pos, want).await?;
+        Ok(&buf[..buf.len().min(room)])
     }
 
     /// The bytes at `pos`: at least `want` of them when the log holds them (fewer at

@@ -1494,17 +1494,7 @@ impl Inner {
             while pos < to {
                 let seg_end = pos / seg * seg + seg;
                 let room = (to.min(seg_end) - pos) as usize;
-                let want = match record::peek_header(reader.bytes(pos, 8.min(room)).await?) {
-                    Ok((size, _))
-                        if size as usize >= record::MIN_RECORD_LEN
-                            && size as usize <= max_total =>
-                    {
-                        (size as usize).min(room)
-                    }
-                    _ => 8.min(room),
-                };
-                let buf = reader.bytes(pos, want).await?;
-                let buf = &buf[..buf.len().min(room)];
+                let buf = reader.record(pos, room, max_total).await?;
                 let verify = Verify {
                     crc: false,
                     at_offset: Some(pos as i64),
