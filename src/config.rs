@@ -147,8 +147,10 @@ pub struct StoreConfig {
 /// of `commit_log`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncFlushIo {
-    /// One `pwritev2(RWF_DSYNC)` per segment touched, on a helper thread of the
-    /// shard: submitted the moment the round starts, one I/O per round.
+    /// One `pwritev2(RWF_DSYNC)` per round, written by the shard's group-commit
+    /// thread straight from the write windows; the thread starts the next round
+    /// itself the moment one ends (`crate::flusher`). On the simulated disk the
+    /// writer task runs the rounds, each through a helper thread.
     DsyncWrite,
     /// An io_uring write, then an io_uring fdatasync (the async mode's path): each is
     /// submitted only at the executor's next I/O poll.

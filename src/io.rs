@@ -446,16 +446,43 @@ impl Drop for AlignedBuf {
 /// `pwritev2(RWF_DSYNC)` of all of `data` at `pos`: the bytes are durable when it
 /// returns (the kernel writes and then flushes the device cache, or uses FUA). Falls
 /// back to `pwrite` + `fdatasync` where the flag is not supported.
-fn pwrite_dsync(fd: std::os::fd::RawFd, mut pos: u64, mut data: &[u8]) -> std::io::Result<()> {
+fn pwrite_dsync(fd: std::os::fd::RawFd, pos: u64, data: &[u8]) -> std::io::Result<()> {
+    pwritev_dsync(fd, pos, &mut [data])
+}
+
+/// [`pwrite_dsync`] of several buffers written back to back from `pos` (one
+/// `pwritev2` while nothing is short). With direct I/O every buffer's address and
+/// length must be aligned. `parts` is consumed (advanced) as bytes are written.
+pub(crate) fn pwritev_dsync(
+    fd: std::os::fd::RawFd,
+    mut pos: u64,
+    mut parts: &mut [&[u8]],
+) -> std::io::Result<()> {
     let mut dsync = true;
-    while !data.is_empty() {
-        let iov = libc::iovec {
-            iov_base: data.as_ptr() as *mut libc::c_void,
-            iov_len: data.len(),
-        };
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(parts.len());
+    loop {
+        while parts.first().is_some_and(|p| p.is_empty()) {
+            parts = &mut parts[1..];
+        }
+        if parts.is_empty() {
+            break;
+        }
+        iov.clear();
+        iov.extend(parts.iter().map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        }));
         let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-        // SAFETY: `iov` points into `data`, alive for the call.
-        let n = unsafe { libc::pwritev2(fd, &iov, 1, pos as libc::off_t, flags) };
+        // SAFETY: every iovec points into a slice of `parts`, alive for the call.
+        let n = unsafe {
+            libc::pwritev2(
+                fd,
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                pos as libc::off_t,
+                flags,
+            )
+        };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             match e.raw_os_error() {
@@ -473,8 +500,16 @@ fn pwrite_dsync(fd: std::os::fd::RawFd, mut pos: u64, mut data: &[u8]) -> std::i
                 format!("short write at {pos}"),
             ));
         }
-        data = &data[n as usize..];
         pos += n as u64;
+        let mut n = n as usize;
+        while n > 0 {
+            let k = n.min(parts[0].len());
+            parts[0] = &parts[0][k..];
+            n -= k;
+            if parts[0].is_empty() {
+                parts = &mut parts[1..];
+            }
+        }
     }
     if !dsync {
         // SAFETY: fdatasync on a descriptor we hold open.
@@ -566,6 +601,24 @@ impl File {
         Ok(())
     }
 
+    /// A duplicate of this file's descriptor for writes on another thread (it stays
+    /// open while such a write runs even if this `File` is dropped meanwhile); `None`
+    /// on the simulated disk.
+    pub fn shared_fd(&self) -> Result<Option<Arc<std::os::fd::OwnedFd>>> {
+        use std::os::fd::{AsRawFd, BorrowedFd};
+        let Backing::Dma(dma) = &self.backing else {
+            return Ok(None);
+        };
+        if let Some(fd) = self.dup.get() {
+            return Ok(Some(fd.clone()));
+        }
+        // SAFETY: the descriptor is open for as long as `dma` is.
+        let owned = unsafe { BorrowedFd::borrow_raw(dma.as_raw_fd()) }
+            .try_clone_to_owned()
+            .map_err(|e| Error::io("dup", &self.path, 0, e))?;
+        Ok(Some(self.dup.get_or_init(|| Arc::new(owned)).clone()))
+    }
+
     /// Writes `buf` at aligned `pos` and makes it durable in one step: one
     /// `pwritev2(RWF_DSYNC)` on the executor thread's sync-write thread (submitted at
     /// once, unlike a ring request, which waits for the executor's next I/O poll; the
@@ -575,18 +628,8 @@ impl File {
     pub async fn write_durable(&self, pos: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
         debug_assert!(pos.is_multiple_of(PAGE as u64) && buf.as_slice().len().is_multiple_of(PAGE));
         match &self.backing {
-            Backing::Dma(dma) => {
-                use std::os::fd::{AsRawFd, BorrowedFd};
-                let fd = match self.dup.get() {
-                    Some(fd) => fd.clone(),
-                    None => {
-                        // SAFETY: the descriptor is open for as long as `dma` is.
-                        let owned = unsafe { BorrowedFd::borrow_raw(dma.as_raw_fd()) }
-                            .try_clone_to_owned()
-                            .map_err(|e| Error::io("dup", &self.path, pos, e))?;
-                        self.dup.get_or_init(|| Arc::new(owned)).clone()
-                    }
-                };
+            Backing::Dma(_) => {
+                let fd = self.shared_fd()?.expect("a real file has a descriptor");
                 let (r, buf) = syncer::write_dsync(fd, pos, buf).await;
                 r.map_err(|e| Error::io("write+fdatasync", &self.path, pos, e))?;
                 Ok(buf)

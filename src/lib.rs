@@ -13,6 +13,7 @@ pub mod commit_log;
 pub mod config;
 pub mod consume_queue;
 pub mod error;
+pub mod flusher;
 pub mod format;
 pub mod index;
 pub mod inspect;

@@ -512,7 +512,7 @@ impl Store {
             }
             FlushMode::Sync => {
                 let log = &inner.log;
-                log.wake_writer();
+                log.wake_sync_writer();
                 if wait {
                     let timeout = glommio::timer::sleep(inner.cfg.sync_flush_timeout);
                     let flushed = async { Some(log.flushed.wait_for(end).await) };
@@ -1376,6 +1376,14 @@ impl Inner {
                 }
                 self.log.read_into(pos, len, &mut buf).await?;
                 let (size, _) = record::peek_header(&buf).unwrap_or((0, 0));
+                if size as usize > buf.len()
+                    && (size as usize) <= max_total
+                    && pos + size as u64 > to
+                {
+                    // A sync round may end inside a record: the rest of it is not
+                    // durable yet, so it is dispatched with a later range.
+                    break;
+                }
                 if size as usize > buf.len()
                     && (size as usize) <= max_total
                     && pos + size as u64 <= to

@@ -153,7 +153,9 @@ impl Notify {
 pub struct OffsetWatch {
     value: Cell<u64>,
     closed: Cell<bool>,
-    waiters: RefCell<Vec<(u64, Waker)>>,
+    /// (target, waiter id, waker) of every pending [`WaitFor`].
+    waiters: RefCell<Vec<(u64, u64, Waker)>>,
+    next_id: Cell<u64>,
 }
 
 impl OffsetWatch {
@@ -175,7 +177,7 @@ impl OffsetWatch {
         let mut i = 0;
         while i < ws.len() {
             if ws[i].0 <= v {
-                ws.swap_remove(i).1.wake();
+                ws.swap_remove(i).2.wake();
             } else {
                 i += 1;
             }
@@ -185,7 +187,7 @@ impl OffsetWatch {
     /// Wakes every waiter; their futures resolve to `false` from now on.
     pub fn close(&self) {
         self.closed.set(true);
-        for (_, w) in self.waiters.borrow_mut().drain(..) {
+        for (_, _, w) in self.waiters.borrow_mut().drain(..) {
             w.wake();
         }
     }
@@ -199,33 +201,63 @@ impl OffsetWatch {
         WaitFor {
             watch: self,
             target,
+            id: None,
         }
     }
 }
 
+/// One entry per pending future, removed when the value passes its target or when
+/// the future is dropped first: a task that waits again and again (the dispatcher
+/// selects on `flushed` after every wake-up) cannot pile up wakers. (It once did,
+/// and overflowed glommio's 16-bit waker count under paced load.) The first poll
+/// pushes without looking for an older entry: with a few hundred puts waiting on
+/// `flushed` in sync mode, a search on every poll was a scan per put.
 pub struct WaitFor<'a> {
     watch: &'a OffsetWatch,
     target: u64,
+    /// Set while an entry is registered.
+    id: Option<u64>,
 }
 
 impl Future for WaitFor<'_> {
     type Output = bool;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
-        if self.watch.value.get() >= self.target {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let watch = self.watch;
+        if watch.value.get() >= self.target {
+            self.id = None;
             return Poll::Ready(true);
         }
-        if self.watch.closed.get() {
+        if watch.closed.get() {
+            self.id = None;
             return Poll::Ready(false);
         }
-        let mut ws = self.watch.waiters.borrow_mut();
-        // One entry per task, at the lowest target it waits for: repeated waits cannot
-        // pile up wakers (that overflowed glommio's waker count under paced load), and
-        // a task waiting on several targets wakes at the first and polls them all.
-        match ws.iter_mut().find(|(_, w)| w.will_wake(cx.waker())) {
-            Some(entry) => entry.0 = entry.0.min(self.target),
-            None => ws.push((self.target, cx.waker().clone())),
+        let mut ws = watch.waiters.borrow_mut();
+        if let Some(id) = self.id {
+            // Polled again before the value got there: refresh the waker (the entry
+            // may be gone if `set` woke us for a lower target of this task).
+            if let Some(e) = ws.iter_mut().find(|e| e.1 == id) {
+                if !e.2.will_wake(cx.waker()) {
+                    e.2 = cx.waker().clone();
+                }
+                return Poll::Pending;
+            }
         }
+        let id = watch.next_id.get();
+        watch.next_id.set(id + 1);
+        ws.push((self.target, id, cx.waker().clone()));
+        self.id = Some(id);
         Poll::Pending
+    }
+}
+
+impl Drop for WaitFor<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id
+            && let Ok(mut ws) = self.watch.waiters.try_borrow_mut()
+            && let Some(i) = ws.iter().position(|e| e.1 == id)
+        {
+            ws.swap_remove(i);
+        }
     }
 }
 

@@ -86,9 +86,21 @@ pub fn spawn_self(test_name: &str, envs: &[(&str, OsString)], log: &Path) -> Chi
 }
 
 /// The last `max` bytes of a child's log, for failure messages.
+/// The last `max` bytes of a child's log, after the child's panic message if it
+/// panicked (the message comes before a backtrace that would push it out).
 pub fn log_tail(log: &Path, max: usize) -> String {
     let s = std::fs::read(log).unwrap_or_default();
-    String::from_utf8_lossy(&s[s.len().saturating_sub(max)..]).into_owned()
+    let text = String::from_utf8_lossy(&s);
+    let tail = &text[text.floor_char_boundary(text.len().saturating_sub(max))..];
+    match text.find("panicked at") {
+        Some(p) if p < text.len().saturating_sub(max) => {
+            let end = text[p..]
+                .find("stack backtrace")
+                .map_or(text.len(), |e| p + e);
+            format!("{}\n...\n{tail}", &text[p..end.min(p + 2000)])
+        }
+        _ => tail.to_string(),
+    }
 }
 
 /// Path of the commit-log segment that starts at `start`.
