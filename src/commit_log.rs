@@ -297,6 +297,16 @@ pub trait RecordSink {
     fn record(&mut self, pos: u64, r: &RecordView<'_>) -> impl Future<Output = Result<()>>;
 }
 
+impl Drop for CommitLog {
+    /// Stops and joins the group-commit thread before the windows it reads are freed
+    /// (fields drop in declaration order, `windows` first). Normally the writer has
+    /// done this already; not when its task was dropped unfinished (an executor that
+    /// ended without a shutdown).
+    fn drop(&mut self) {
+        self.flusher.get_mut().take();
+    }
+}
+
 impl CommitLog {
     /// Opens the segments in `dir` (creating the directory) and validates their names
     /// and sizes, reading nothing: [`CommitLog::recover`] then finds the end of valid
