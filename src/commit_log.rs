@@ -247,6 +247,8 @@ pub struct CommitLog {
     flusher: RefCell<Option<Rc<Flusher>>>,
     /// Start of the last segment registered with the flusher.
     flusher_segs: Cell<Option<u64>>,
+    /// When sync puts' deadlines were last checked ([`CommitLog::expire_sync_waits`]).
+    last_expiry: Cell<Instant>,
     /// The range the prewriter is zero-filling right now: commits must not write
     /// there until it is done (two in-flight writes of a page land in any order).
     prewrite_inflight: Cell<Option<(u64, u64)>>,
@@ -382,6 +384,7 @@ impl CommitLog {
             round_bufs: RefCell::new(Vec::new()),
             flusher: RefCell::new(None),
             flusher_segs: Cell::new(None),
+            last_expiry: Cell::new(Instant::now()),
             prewrite_inflight: Cell::new(None),
             prewrite_idle: Notify::default(),
             prewrite_wake: Notify::default(),
@@ -1092,6 +1095,22 @@ impl CommitLog {
         self.absorb_flushed(flushed, ts);
     }
 
+    /// Wakes sync puts whose `sync_flush_timeout` passed (they report
+    /// `FlushDiskTimeout`): checked by the writer at most every eighth of the timeout
+    /// (1-100 ms), instead of a timer per put. With the group-commit thread the writer
+    /// never waits for the disk, so a hung device still times puts out; on the
+    /// writer-task paths (simulated disk, `RingWriteFdatasync`) it checks between
+    /// rounds.
+    fn expire_sync_waits(&self) {
+        let tick = (self.cfg.sync_flush_timeout / 8)
+            .clamp(Duration::from_millis(1), Duration::from_millis(100));
+        let now = Instant::now();
+        if now - self.last_expiry.get() >= tick {
+            self.last_expiry.set(now);
+            self.flushed.expire(now);
+        }
+    }
+
     /// Moves `committed` and `flushed` to a position the group-commit thread made
     /// durable (waking the puts waiting for it).
     fn absorb_flushed(&self, flushed: u64, ts: i64) {
@@ -1539,6 +1558,9 @@ impl CommitLog {
             let stopping = self.stopping.get();
             let flush_now = self.flush_now.replace(false);
             let sync = cfg.flush_mode == FlushMode::Sync;
+            if sync {
+                self.expire_sync_waits();
+            }
             let now = Instant::now();
             // Sealed windows are committed at once; the open window's partial
             // content when a sync put waits, on the commit interval, or for a flush.
@@ -1622,6 +1644,7 @@ impl CommitLog {
 
     async fn follow_flusher(&self, fl: &Flusher) -> Result<()> {
         loop {
+            self.expire_sync_waits();
             // Segments: the one being written and the next, so rounds never wait
             // for a file to be created.
             let first = self.segment_start(self.flushed.get());

@@ -137,8 +137,6 @@ struct Inner {
     dispatched: OffsetWatch,
     dispatch_wake: Notify,
     flusher_wake: Notify,
-    /// Ends `run_sync_timeouts` at shutdown.
-    timeouts_wake: Notify,
     /// The dispatcher's read buffer, reused (see [`Inner::dispatch_range`]).
     dispatch_buf: RefCell<Vec<u8>>,
     /// Reused by every put (see [`Store::put_many`]).
@@ -206,7 +204,6 @@ impl Drop for Owner {
             inner.log.stop_writer();
             inner.dispatch_wake.notify();
             inner.flusher_wake.notify();
-            inner.timeouts_wake.notify();
         }
     }
 }
@@ -286,7 +283,6 @@ impl Store {
             dispatched: OffsetWatch::new(0),
             dispatch_wake: Notify::default(),
             flusher_wake: Notify::default(),
-            timeouts_wake: Notify::default(),
             put_scratch: RefCell::new(PutScratch::default()),
             dispatch_buf: RefCell::new(Vec::new()),
             last_store_ts: Cell::new(0),
@@ -518,7 +514,8 @@ impl Store {
                 let log = &inner.log;
                 log.wake_sync_writer();
                 if wait {
-                    // Timed out by `run_sync_timeouts`, not a timer per put.
+                    // Timed out by the writer (`CommitLog::expire_sync_waits`), not a
+                    // timer per put.
                     let deadline = std::time::Instant::now() + inner.cfg.sync_flush_timeout;
                     result.status = match log.flushed.wait_until(end, deadline).await {
                         Some(true) => PutStatus::PutOk,
@@ -926,7 +923,6 @@ impl Store {
         inner.log.stop_writer();
         inner.dispatch_wake.notify();
         inner.flusher_wake.notify();
-        inner.timeouts_wake.notify();
         let tasks: Vec<_> = inner.tasks.borrow_mut().drain(..).collect();
         for t in tasks {
             t.await;
@@ -1827,31 +1823,7 @@ impl Inner {
         self.tasks
             .borrow_mut()
             .extend([writer, dispatcher, flusher]);
-        if sync {
-            let me = self.clone();
-            let timeouts = spawn(
-                "sync-timeouts",
-                10,
-                Box::pin(async move { me.run_sync_timeouts().await }),
-            )?;
-            self.tasks.borrow_mut().push(timeouts);
-        }
         Ok(())
-    }
-
-    /// Times out sync puts (`FlushDiskTimeout`) whose flush took longer than
-    /// `sync_flush_timeout`, within an eighth of it (1-100 ms). Its own task, so a
-    /// writer stuck on a hung device does not stop it.
-    async fn run_sync_timeouts(self: Rc<Self>) {
-        let tick = (self.cfg.sync_flush_timeout / 8)
-            .clamp(Duration::from_millis(1), Duration::from_millis(100));
-        loop {
-            futures_lite::future::or(self.timeouts_wake.wait(), glommio::timer::sleep(tick)).await;
-            if self.state.get() != State::Running {
-                return;
-            }
-            self.log.flushed.expire(std::time::Instant::now());
-        }
     }
 
     fn confirm_offset(&self) -> u64 {
