@@ -1056,11 +1056,6 @@ impl CommitLog {
         self.written.set(seg_end);
     }
 
-    /// Wakes the writer (a put arrived, or a flush is wanted).
-    pub fn wake_writer(&self) {
-        self.writer_wake.notify();
-    }
-
     /// A sync put was appended: hands it to the group-commit thread, or wakes the
     /// writer that runs the rounds itself.
     pub fn wake_sync_writer(&self) {
