@@ -1080,12 +1080,9 @@ impl CommitLog {
     fn publish(&self, fl: &Flusher) {
         let (flushed, ts) = {
             let w = self.windows.borrow();
-            fl.publish(
-                self.written.get(),
-                self.last_put_ts.get(),
-                self.win_bytes,
-                |idx| w.resident[(idx - w.first) as usize].ptr(),
-            )
+            fl.publish(self.written.get(), self.last_put_ts.get(), |idx| {
+                w.resident[(idx - w.first) as usize].ptr()
+            })
         };
         self.absorb_flushed(flushed, ts);
     }
@@ -1377,6 +1374,15 @@ impl CommitLog {
         Ok(true)
     }
 
+    /// Records the range the prewriter is zero-filling (or none), for the rounds of
+    /// the writer task and of the group-commit thread alike.
+    fn set_prewrite_inflight(&self, range: Option<(u64, u64)>) {
+        self.prewrite_inflight.set(range);
+        if let Some(fl) = &*self.flusher.borrow() {
+            fl.set_prewrite(range);
+        }
+    }
+
     /// Waits until no prewrite in flight overlaps a commit of bytes below `target`.
     async fn wait_prewrite_clear(&self, target: u64) {
         while let Some((from, _)) = self.prewrite_inflight.get() {
@@ -1418,11 +1424,7 @@ impl CommitLog {
                 self.prewrite_wake.wait().await;
                 continue;
             };
-            self.prewrite_inflight.set(Some((from, to)));
-            let fl = self.flusher.borrow().clone();
-            if let Some(fl) = &fl {
-                fl.set_prewrite(Some((from, to)));
-            }
+            self.set_prewrite_inflight(Some((from, to)));
             // One write at a time: a round's write queues behind at most one unit
             // in the device, not the whole chunk.
             let mut result = Ok(());
@@ -1442,10 +1444,7 @@ impl CommitLog {
             if result.is_ok() {
                 result = file.sync().await;
             }
-            self.prewrite_inflight.set(None);
-            if let Some(fl) = &fl {
-                fl.set_prewrite(None);
-            }
+            self.set_prewrite_inflight(None);
             self.prewrite_idle.notify();
             if let Err(e) = result {
                 tracing::warn!(error = %e, "commit-log prewrite failed; prewriting stops");

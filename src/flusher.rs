@@ -115,6 +115,7 @@ pub struct Layout {
 pub struct Flusher {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
+    win_bytes: u64,
     /// Highest window index registered.
     last_window: Cell<Option<u64>>,
     /// Published positions not yet known durable, with the store timestamp of the
@@ -142,6 +143,7 @@ impl Flusher {
         Ok(Flusher {
             shared,
             thread: Some(thread),
+            win_bytes: layout.win_bytes,
             last_window: Cell::new(None),
             stamps: RefCell::new(VecDeque::new()),
             flushed_ts: Cell::new(flushed_ts),
@@ -153,14 +155,9 @@ impl Flusher {
     /// maps a window index to its buffer), waking the thread if it waits for work.
     /// Returns how far the log is durable as of now (offset, store timestamp), so a
     /// busy shard learns of finished rounds without being woken.
-    pub fn publish(
-        &self,
-        written: u64,
-        ts: i64,
-        win_bytes: u64,
-        window: impl Fn(u64) -> *const u8,
-    ) -> (u64, i64) {
+    pub fn publish(&self, written: u64, ts: i64, window: impl Fn(u64) -> *const u8) -> (u64, i64) {
         let sh = &*self.shared;
+        let win_bytes = self.win_bytes;
         let mut stamps = self.stamps.borrow_mut();
         let published = stamps
             .back()

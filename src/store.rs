@@ -1372,18 +1372,12 @@ impl Inner {
                 }
                 self.log.read_into(pos, len, &mut buf).await?;
                 let (size, _) = record::peek_header(&buf).unwrap_or((0, 0));
-                if size as usize > buf.len()
-                    && (size as usize) <= max_total
-                    && pos + size as u64 > to
-                {
-                    // A sync round may end inside a record: the rest of it is not
-                    // durable yet, so it is dispatched with a later range.
-                    break;
-                }
-                if size as usize > buf.len()
-                    && (size as usize) <= max_total
-                    && pos + size as u64 <= to
-                {
+                if size as usize > buf.len() && (size as usize) <= max_total {
+                    if pos + size as u64 > to {
+                        // A sync round may end inside a record: the rest of it is not
+                        // durable yet, so it is dispatched with a later range.
+                        break;
+                    }
                     self.log.read_into(pos, size as usize, &mut buf).await?;
                 }
                 let mut at = 0usize;
