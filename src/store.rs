@@ -438,8 +438,10 @@ impl Store {
 
     /// Stores one message. Never fails with an error: refusals and failures are
     /// statuses (see [`PutStatus`]).
-    pub async fn put(&self, msg: Message) -> PutResult {
-        self.put_many(std::slice::from_ref(&msg)).await
+    /// Takes the message or a reference to it (a caller that reuses its message
+    /// saves its allocations).
+    pub async fn put(&self, msg: impl std::borrow::Borrow<Message>) -> PutResult {
+        self.put_many(std::slice::from_ref(msg.borrow())).await
     }
 
     /// Stores a classic batch: every message has the same topic and queue, the records
