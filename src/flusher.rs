@@ -33,12 +33,35 @@
 //!   shards x 128 outstanding: 189-224 k msg/s without, 204-245 k with.
 //!
 //! Where it stands: the old and new paths interleaved (`README.md`, "Measured") are
-//! within this machine's run-to-run noise at 2 shards, ahead at 1 shard. What bounds
-//! it now is the shard's CPU per sync put (~3.7-4.5 us against ~2.1 us for an async
-//! put: every put parks its task and is woken again, and the executor sleeps and
-//! wakes around rounds, each sleep a `membarrier` IPI in glommio) and the two CPUs
-//! this thread shares with the shards. Raising its priority (`nice -15`) cut its
-//! write time's p90 from ~1.1 ms to ~0.4 ms but not the put rate; not kept.
+//! within this machine's run-to-run noise at 2 shards, ahead at 1 shard. Raising
+//! this thread's priority (`nice -15`) cut its write time's p90 from ~1.1 ms to
+//! ~0.4 ms but not the put rate; not kept.
+//!
+//! What bounds 2 shards x 256 outstanding (measured 2026-12-03, second session,
+//! `coremq bench --flush sync --body 1024 --queues 64`, 4 s runs interleaved, with
+//! temporary per-round counters): the round trip, not the CPU alone. Each thread
+//! spent ~80% of its time in `pwritev2` (rounds of 80-150 KB, p50 0.27-0.58 ms, p90
+//! ~1 ms), ~10% gathering and ~5-10% parked; a put waits on average for the rest of
+//! the round in flight and then its own (p50 ~1.1 ms). More outstanding puts make
+//! bigger rounds for the same round trips: 512 per shard gave 376-382 k msg/s, 1024
+//! gave 369-511 k (256: ~285 k in the same minutes), at less CPU per message (4.2
+//! and 3.4 us against 5.2). Tried on top and dropped:
+//! * two rounds in flight per shard (two threads; rounds of whole pages so they
+//!   never share a page, a padded round alone): 6-8 interleaved pairs, 207-286 k
+//!   against 272-329 k msg/s with one, and +0.7 us CPU per message: the rounds got
+//!   smaller and more numerous (futex calls 14 k/s against 0.75 k/s, twice the
+//!   context switches), and fio shows why the disk gives little back: 2 x 128 KiB
+//!   `O_DSYNC` writers 690 MB/s, 4 x 64 KiB 423-617 MB/s. Whole-page rounds with
+//!   one thread (the partial page left to the next round instead of rewritten):
+//!   298.9 k against 297.3 k msg/s over 8 pairs, no change.
+//! * waiting for the round by polling `flushed` from the writer task instead of
+//!   parking the executor (saves the wake-up and glommio's `membarrier` per sleep):
+//!   190-236 k against 177-288 k msg/s, with or without `sched_yield` in the loop:
+//!   the spinning shards take the CPUs these threads and the interrupts need.
+//! * prewrite off (`--prewrite-mib 0`), 6 pairs: 277 k against 286 k msg/s, more
+//!   CPU per message; p99 a little lower.
+//! What did help was CPU per put on the shard: the load generator's message reuse
+//! (`loadgen` module docs), 297 k -> 318 k msg/s over 6 pairs.
 //!
 //! Sharing the windows with this thread is safe because of what the shard
 //! guarantees: bytes below the published `written` are never modified again, and a
