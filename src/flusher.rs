@@ -60,6 +60,9 @@
 //!   the spinning shards take the CPUs these threads and the interrupts need.
 //! * prewrite off (`--prewrite-mib 0`), 6 pairs: 277 k against 286 k msg/s, more
 //!   CPU per message; p99 a little lower.
+//! * for a lone put (1 outstanding, 1 shard), spinning 50 or 150 us on `written`
+//!   before parking: put p50 323-344 us without, 397-463 us with (4 interleaved
+//!   runs each): the spinning thread takes a CPU the shard's wake-up needs.
 //! What did help was CPU per put on the shard: the load generator's message reuse
 //! (`loadgen` module docs), 297 k -> 318 k msg/s over 6 pairs.
 //!
