@@ -63,6 +63,11 @@
 //! * for a lone put (1 outstanding, 1 shard), spinning 50 or 150 us on `written`
 //!   before parking: put p50 323-344 us without, 397-463 us with (4 interleaved
 //!   runs each): the spinning thread takes a CPU the shard's wake-up needs.
+//! * the thread runs on its shard's CPU (it inherits the shard thread's
+//!   affinity). Allowed both CPUs, or only the other one: 2 x 256 outstanding
+//!   361 k against 366 k msg/s over 5 pairs (no change); a lone put p50 310-468 and
+//!   326-560 us against 288-365 us (4 interleaved runs): a wake-up on the same CPU
+//!   is the cheaper one.
 //! What did help was CPU per put on the shard: the load generator's message reuse
 //! (`loadgen` module docs), 297 k -> 318 k msg/s over 6 pairs.
 //!
