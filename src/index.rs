@@ -106,8 +106,8 @@ use crate::io::{Disk, File, PAGE};
 use crate::message::StoredMessage;
 use crate::store::Store;
 use ahash::{AHashMap, AHashSet};
-use glommio::allocate_dma_buffer;
 use glommio::io::DmaBuffer;
+use glommio::{allocate_dma_buffer, allocate_dma_buffer_global};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -209,6 +209,9 @@ struct Page {
     data: [u8; PAGE],
     /// Changed since the last flush took its copy (the page is in `PageSet::dirty`).
     dirty: bool,
+    /// Where a flush's snapshot wants this page's content (run, page within the
+    /// run), until it is copied there (see `PageSet::begin_snapshot`).
+    snap: Option<(u32, u32)>,
 }
 
 impl Page {
@@ -216,6 +219,7 @@ impl Page {
         Box::new(Page {
             data: [0u8; PAGE],
             dirty: false,
+            snap: None,
         })
     }
 
@@ -235,6 +239,8 @@ struct PageSet {
     len: usize,
     /// Every page with `dirty` set, once each.
     dirty: Vec<u64>,
+    /// The buffers of a flush's snapshot being taken, one per run.
+    snapshot: Vec<DmaBuffer>,
 }
 
 impl PageSet {
@@ -277,6 +283,11 @@ impl PageSet {
             let page = self.pages[(p / P) as usize]
                 .as_deref_mut()
                 .expect("page loaded");
+            if let Some((r, k)) = page.snap.take() {
+                // Copy-on-write: the snapshot gets the content it started with.
+                let k = k as usize * PAGE;
+                self.snapshot[r as usize].as_bytes_mut()[k..k + PAGE].copy_from_slice(&page.data);
+            }
             let o = (p % P) as usize;
             let n = (PAGE - o).min(bytes.len() - at);
             page.data[o..o + n].copy_from_slice(&bytes[at..at + n]);
@@ -285,6 +296,36 @@ impl PageSet {
                 self.dirty.push(p / P);
             }
             at += n;
+        }
+    }
+
+    /// Starts a snapshot of the runs `spans` (first page, pages; every page present)
+    /// into `bufs`: each page is copied by `copy_snapshot_run` or, if written first,
+    /// by `write`.
+    fn begin_snapshot(&mut self, spans: &[(u64, u64)], bufs: Vec<DmaBuffer>) {
+        debug_assert!(self.snapshot.is_empty());
+        for (r, &(start, n)) in spans.iter().enumerate() {
+            for k in 0..n {
+                let pg = self.pages[(start + k) as usize]
+                    .as_deref_mut()
+                    .expect("snapshot page present");
+                pg.snap = Some((r as u32, k as u32));
+            }
+        }
+        self.snapshot = bufs;
+    }
+
+    /// Copies the pages of snapshot run `r` not copied yet.
+    fn copy_snapshot_run(&mut self, r: usize, start: u64, n: u64) {
+        let buf = self.snapshot[r].as_bytes_mut();
+        for k in 0..n {
+            let pg = self.pages[(start + k) as usize]
+                .as_deref_mut()
+                .expect("snapshot page present");
+            if pg.snap.take().is_some() {
+                let o = k as usize * PAGE;
+                buf[o..o + PAGE].copy_from_slice(&pg.data);
+            }
         }
     }
 
@@ -404,6 +445,8 @@ pub struct IndexService {
     high_water: Cell<i64>,
     /// Serialises flushes, rollovers and evictions.
     flush_lock: glommio::sync::Semaphore,
+    /// Whole-run (`RUN_BYTES`) buffers of earlier flushes, reused (see `flush_locked`).
+    run_bufs: RefCell<Vec<DmaBuffer>>,
 }
 
 /// What opening the index found.
@@ -511,6 +554,7 @@ impl IndexService {
             full_flushed_end_ts: Cell::new(0),
             high_water: Cell::new(-1),
             flush_lock: glommio::sync::Semaphore::new(1),
+            run_bufs: RefCell::new(Vec::new()),
         };
         *svc.files.borrow_mut() = files;
         let report = svc.settle(clean, log_end).await?;
@@ -1249,7 +1293,12 @@ impl IndexService {
         // then a DMA buffer in `File::write_aligned`) was ~4% of the CPU per message.
         let boundary = (self.geo.slots_end() - 1) / P;
         let alone = |q: u64| q == 0 || q == boundary;
-        let (mut runs, taken) = {
+        // The copy is a snapshot of this instant (consistent with `h`), taken a run
+        // at a time with a yield between runs: a page written meanwhile is copied
+        // first (copy-on-write, `PageSet::write`). Copying ~22 MB in one go held the
+        // shard for 4-5 ms (11-15 ms with fresh buffers) once a second, the puts'
+        // p99 at 250 k msg/s.
+        let (spans, taken) = {
             let mut pages = self.pages.borrow_mut();
             let mut dirty = std::mem::take(&mut pages.dirty);
             dirty.sort_unstable();
@@ -1274,33 +1323,58 @@ impl IndexService {
                     _ => spans.push((p, 1)),
                 }
             }
-            let runs: Vec<(u64, DmaBuffer)> = spans
-                .into_iter()
-                .map(|(start, n)| {
-                    let mut buf = allocate_dma_buffer(n as usize * PAGE);
-                    for (k, dst) in buf.as_bytes_mut().chunks_exact_mut(PAGE).enumerate() {
-                        let pg = pages.get(start + k as u64).expect("taken above");
-                        dst.copy_from_slice(&pg.data);
+            if spans.is_empty() && h == self.durable.get() {
+                return Ok(());
+            }
+            if spans.first().is_none_or(|(p, _)| *p != 0) {
+                // Page 0 holds the header (replaced by `h` below) and the first slots.
+                spans.insert(0, (0, 1));
+            }
+            let bufs: Vec<DmaBuffer> = spans
+                .iter()
+                .map(|&(_, n)| {
+                    let len = n as usize * PAGE;
+                    if len == RUN_BYTES {
+                        self.run_bufs
+                            .borrow_mut()
+                            .pop()
+                            .unwrap_or_else(|| allocate_dma_buffer_global(RUN_BYTES))
+                    } else {
+                        allocate_dma_buffer(len)
                     }
-                    (start, buf)
                 })
                 .collect();
-            (runs, taken)
+            pages.begin_snapshot(&spans, bufs);
+            (spans, taken)
         };
-        if runs.is_empty() && h == self.durable.get() {
-            return Ok(());
+        for (r, &(start, n)) in spans.iter().enumerate() {
+            self.pages.borrow_mut().copy_snapshot_run(r, start, n);
+            futures_lite::future::yield_now().await;
         }
-        if runs.first().is_none_or(|(p, _)| *p != 0) {
-            let pages = self.pages.borrow();
-            let p0 = pages.get(0).expect("page 0 is always loaded");
-            let mut buf = allocate_dma_buffer(PAGE);
-            buf.as_bytes_mut().copy_from_slice(&p0.data);
-            runs.insert(0, (0, buf));
-        }
+        let bufs = std::mem::take(&mut self.pages.borrow_mut().snapshot);
+        let mut runs: Vec<(u64, DmaBuffer)> =
+            spans.iter().map(|&(start, _)| start).zip(bufs).collect();
         runs[0].1.as_bytes_mut()[..index_file::HEADER_LEN].copy_from_slice(&h.encode());
         let runs: Vec<(u64, Rc<DmaBuffer>)> =
             runs.into_iter().map(|(p, b)| (p, Rc::new(b))).collect();
         let r = self.write_snapshot(&f, &runs, boundary).await;
+        // Keep the whole-run buffers for the next flush (at most a flush's worth):
+        // fresh ones cost a page fault per page, and most runs are whole (~20 MB of
+        // slot pages per shard per second with one key per message). Measured with
+        // fresh buffers: the copy took 11-15 ms of the shard (5,500 pages), a put p99
+        // of 2.9-4.7 ms at 250 k msg/s against 0.4-0.5 ms with `--no-index`.
+        {
+            let mut pool = self.run_bufs.borrow_mut();
+            let cap = self.cap_pages * PAGE / RUN_BYTES + 1;
+            for (_, b) in runs {
+                if let Ok(b) = Rc::try_unwrap(b)
+                    && b.len() == RUN_BYTES
+                    && pool.len() < cap
+                {
+                    pool.push(b);
+                }
+            }
+        }
         if r.is_err() {
             // Not written: still dirty (never dropped as clean).
             if self.is_current(&f) {
@@ -1657,5 +1731,37 @@ mod tests {
         assert!(s.has(1) && !s.has(2) && !s.has(9));
         assert!(s.remove(1).is_some() && s.remove(1).is_none());
         assert_eq!(s.len, 1);
+    }
+
+    #[test]
+    fn snapshot_keeps_the_content_of_its_start_when_pages_change_meanwhile() {
+        let mut s = PageSet::default();
+        s.reset(4);
+        for p in 0..4 {
+            s.insert(p, Page::zeroed());
+            s.write(p * P, &[p as u8 + 1; 8]);
+        }
+        let spans = [(0u64, 1u64), (1, 3)];
+        let bufs = vec![
+            glommio::allocate_dma_buffer_global(PAGE),
+            glommio::allocate_dma_buffer_global(3 * PAGE),
+        ];
+        s.begin_snapshot(&spans, bufs);
+        // Written before its run is copied: the snapshot must get the old bytes.
+        s.write(2 * P, &[9; 4]);
+        s.copy_snapshot_run(0, 0, 1);
+        // Written after its run was copied: no effect on the snapshot.
+        s.write(0, &[7; 4]);
+        s.copy_snapshot_run(1, 1, 3);
+        s.write(3 * P, &[8; 4]);
+        let snap = std::mem::take(&mut s.snapshot);
+        assert_eq!(snap[0].as_bytes()[..8], [1; 8]);
+        assert_eq!(snap[1].as_bytes()[..8], [2; 8]);
+        assert_eq!(snap[1].as_bytes()[PAGE..PAGE + 8], [3; 8]);
+        assert_eq!(snap[1].as_bytes()[2 * PAGE..2 * PAGE + 8], [4; 8]);
+        // The pages themselves have the new bytes, and no copy is pending.
+        assert_eq!(s.get(2).unwrap().data[..5], [9, 9, 9, 9, 3]);
+        assert_eq!(s.get(0).unwrap().data[..5], [7, 7, 7, 7, 1]);
+        assert!((0..4).all(|p| s.get(p).unwrap().snap.is_none()));
     }
 }
