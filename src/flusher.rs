@@ -68,6 +68,7 @@
 //!   361 k against 366 k msg/s over 5 pairs (no change); a lone put p50 310-468 and
 //!   326-560 us against 288-365 us (4 interleaved runs): a wake-up on the same CPU
 //!   is the cheaper one.
+//!
 //! What did help was CPU per put on the shard: the load generator's message reuse
 //! (`loadgen` module docs), 297 k -> 318 k msg/s over 6 pairs.
 //!
