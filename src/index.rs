@@ -1251,20 +1251,37 @@ impl IndexService {
         if self.pages.borrow().len.saturating_sub(droppable) > target {
             self.flush_locked().await?;
         }
-        let mut pages = self.pages.borrow_mut();
-        let mut cache = self.cache.borrow_mut();
         // Entry pages (above the slot table) are written once and rarely read again
         // by inserts: drop them all (queries find them in the read cache). Slot pages
-        // are the hot, random part: drop only down to 3/4, the highest first.
-        for p in (1..pages.pages.len() as u64).rev() {
-            if p < slot_pages && pages.len <= target {
-                break;
+        // are the hot, random part: drop only down to 3/4, the highest first. A yield
+        // every 128 pages dropped: dropping ~3,300 entry pages in one go held the
+        // shard ~3.5-4 ms (each page moves into the read cache).
+        let mut p = self.pages.borrow().pages.len() as u64;
+        'outer: loop {
+            {
+                let mut pages = self.pages.borrow_mut();
+                let mut cache = self.cache.borrow_mut();
+                let mut dropped = 0;
+                while p > 1 {
+                    p -= 1;
+                    if p < slot_pages && pages.len <= target {
+                        break 'outer;
+                    }
+                    if keep.contains(&p) || pages.get(p).is_none_or(|pg| pg.dirty) {
+                        continue;
+                    }
+                    let pg = pages.remove(p).expect("present");
+                    cache.insert((f.id, p), Box::new(pg.data));
+                    dropped += 1;
+                    if dropped == 128 {
+                        break;
+                    }
+                }
+                if p <= 1 {
+                    break;
+                }
             }
-            if keep.contains(&p) || pages.get(p).is_none_or(|pg| pg.dirty) {
-                continue;
-            }
-            let pg = pages.remove(p).expect("present");
-            cache.insert((f.id, p), Box::new(pg.data));
+            futures_lite::future::yield_now().await;
         }
         Ok(())
     }
