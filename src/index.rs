@@ -336,6 +336,37 @@ impl PageSet {
     }
 }
 
+/// Ends a flush's snapshot that was not finished (its future dropped between runs):
+/// clears the pages' marks, leaves them dirty, and drops the buffers.
+struct SnapshotGuard<'a> {
+    pages: &'a RefCell<PageSet>,
+    spans: &'a [(u64, u64)],
+}
+
+impl Drop for SnapshotGuard<'_> {
+    fn drop(&mut self) {
+        let mut guard = self.pages.borrow_mut();
+        let pages = &mut *guard;
+        for &(start, n) in self.spans {
+            for p in start..start + n {
+                if let Some(pg) = pages
+                    .pages
+                    .get_mut(p as usize)
+                    .and_then(|s| s.as_deref_mut())
+                {
+                    pg.snap = None;
+                    // Not written: the next flush takes it again.
+                    if !pg.dirty {
+                        pg.dirty = true;
+                        pages.dirty.push(p);
+                    }
+                }
+            }
+        }
+        pages.snapshot.clear();
+    }
+}
+
 /// Clean pages of index files kept for queries, at most `cap` (CLOCK eviction). Keyed
 /// by (file id, page number); a page of the current file is only here while it is not
 /// in the page set (pages entering the set leave the cache).
@@ -1364,10 +1395,17 @@ impl IndexService {
             pages.begin_snapshot(&spans, bufs);
             (spans, taken)
         };
+        // Should this future be dropped between runs, no page may keep a mark into
+        // buffers the next flush would reuse.
+        let guard = SnapshotGuard {
+            pages: &self.pages,
+            spans: &spans,
+        };
         for (r, &(start, n)) in spans.iter().enumerate() {
             self.pages.borrow_mut().copy_snapshot_run(r, start, n);
             futures_lite::future::yield_now().await;
         }
+        std::mem::forget(guard);
         let bufs = std::mem::take(&mut self.pages.borrow_mut().snapshot);
         let mut runs: Vec<(u64, DmaBuffer)> =
             spans.iter().map(|&(start, _)| start).zip(bufs).collect();
@@ -1780,5 +1818,35 @@ mod tests {
         assert_eq!(s.get(2).unwrap().data[..5], [9, 9, 9, 9, 3]);
         assert_eq!(s.get(0).unwrap().data[..5], [7, 7, 7, 7, 1]);
         assert!((0..4).all(|p| s.get(p).unwrap().snap.is_none()));
+    }
+
+    #[test]
+    fn an_unfinished_snapshot_leaves_no_marks_and_its_pages_dirty() {
+        let cell = RefCell::new(PageSet::default());
+        {
+            let mut s = cell.borrow_mut();
+            s.reset(4);
+            for p in 0..4 {
+                s.insert(p, Page::zeroed());
+            }
+            let spans = [(1u64, 2u64), (3, 1)];
+            let bufs = vec![
+                glommio::allocate_dma_buffer_global(2 * PAGE),
+                glommio::allocate_dma_buffer_global(PAGE),
+            ];
+            s.begin_snapshot(&spans, bufs);
+            s.copy_snapshot_run(0, 1, 2);
+        }
+        // As `flush_locked` takes them: not dirty while the snapshot is out.
+        drop(SnapshotGuard {
+            pages: &cell,
+            spans: &[(1, 2), (3, 1)],
+        });
+        let s = cell.borrow();
+        assert!(s.snapshot.is_empty());
+        assert!((0..4).all(|p| s.get(p).unwrap().snap.is_none()));
+        let mut dirty = s.dirty.clone();
+        dirty.sort_unstable();
+        assert_eq!(dirty, vec![1, 2, 3]);
     }
 }
