@@ -56,7 +56,7 @@
 //!   298.9 k against 297.3 k msg/s over 8 pairs, no change.
 //! * waiting for the round by polling `flushed` from the writer task instead of
 //!   parking the executor (saves the wake-up and glommio's `membarrier` per sleep):
-//!   190-236 k against 177-288 k msg/s, with or without `sched_yield` in the loop:
+//!   184-236 k against 177-288 k msg/s, with or without `sched_yield` in the loop:
 //!   the spinning shards take the CPUs these threads and the interrupts need.
 //! * prewrite off (`--prewrite-mib 0`), 6 pairs: 277 k against 286 k msg/s, more
 //!   CPU per message; p99 a little lower.
@@ -216,7 +216,7 @@ impl Flusher {
             // Only the first publish after the thread parked notifies: until the
             // thread ran again, every later one made a futex call of its own and took
             // the lock the waking thread wanted (~1,700 futex calls a second per shard
-            // at 256 outstanding; ~500 with the swap; the put rate within noise).
+            // at 256 outstanding; 350-680 with the swap; the put rate within noise).
             if sh.parked.swap(false, Ordering::SeqCst) {
                 let _st = sh.lock();
                 sh.wake.notify_one();

@@ -301,6 +301,19 @@ impl PageSet {
         }
     }
 
+    /// Marks page `p` dirty (once) if present: its last copy did not reach the disk.
+    fn mark_dirty(&mut self, p: u64) {
+        if let Some(pg) = self
+            .pages
+            .get_mut(p as usize)
+            .and_then(|s| s.as_deref_mut())
+            && !pg.dirty
+        {
+            pg.dirty = true;
+            self.dirty.push(p);
+        }
+    }
+
     /// Starts a snapshot of the runs `spans` (first page, pages; every page present)
     /// into `bufs`: each page is copied by `copy_snapshot_run` or, if written first,
     /// by `write`.
@@ -347,8 +360,7 @@ struct SnapshotGuard<'a> {
 
 impl Drop for SnapshotGuard<'_> {
     fn drop(&mut self) {
-        let mut guard = self.pages.borrow_mut();
-        let pages = &mut *guard;
+        let mut pages = self.pages.borrow_mut();
         for &(start, n) in self.spans {
             for p in start..start + n {
                 if let Some(pg) = pages
@@ -357,12 +369,9 @@ impl Drop for SnapshotGuard<'_> {
                     .and_then(|s| s.as_deref_mut())
                 {
                     pg.snap = None;
-                    // Not written: the next flush takes it again.
-                    if !pg.dirty {
-                        pg.dirty = true;
-                        pages.dirty.push(p);
-                    }
                 }
+                // Not written: the next flush takes it again.
+                pages.mark_dirty(p);
             }
         }
         pages.snapshot.clear();
@@ -1290,31 +1299,23 @@ impl IndexService {
         // every 128 pages dropped: dropping ~3,300 entry pages in one go held the
         // shard ~3.5-4 ms (each page moves into the read cache).
         let mut p = self.pages.borrow().pages.len() as u64;
-        'outer: loop {
-            {
-                let mut pages = self.pages.borrow_mut();
-                let mut cache = self.cache.borrow_mut();
-                let mut dropped = 0;
-                while p > 1 {
-                    p -= 1;
-                    if p < slot_pages && pages.len <= target {
-                        break 'outer;
-                    }
-                    if keep.contains(&p) || pages.get(p).is_none_or(|pg| pg.dirty) {
-                        continue;
-                    }
-                    let pg = pages.remove(p).expect("present");
-                    cache.insert((f.id, p), Box::new(pg.data));
-                    dropped += 1;
-                    if dropped == 128 {
-                        break;
-                    }
-                }
-                if p <= 1 {
-                    break;
-                }
+        let mut dropped = 0;
+        while p > 1 {
+            p -= 1;
+            if dropped == 128 {
+                dropped = 0;
+                futures_lite::future::yield_now().await;
             }
-            futures_lite::future::yield_now().await;
+            let mut pages = self.pages.borrow_mut();
+            if p < slot_pages && pages.len <= target {
+                break;
+            }
+            if keep.contains(&p) || pages.get(p).is_none_or(|pg| pg.dirty) {
+                continue;
+            }
+            let pg = pages.remove(p).expect("present");
+            self.cache.borrow_mut().insert((f.id, p), Box::new(pg.data));
+            dropped += 1;
         }
         Ok(())
     }
@@ -1346,8 +1347,8 @@ impl IndexService {
         // The copy is a snapshot of this instant (consistent with `h`), taken a run
         // at a time with a yield between runs: a page written meanwhile is copied
         // first (copy-on-write, `PageSet::write`). Copying ~22 MB in one go held the
-        // shard for 4-5 ms (11-15 ms with fresh buffers) once a second, the puts'
-        // p99 at 250 k msg/s.
+        // shard for 3.7-5.3 ms (11-15 ms with fresh buffers) once a second: put p99
+        // 2.9-4.7 ms at 250 k msg/s against 0.4-0.5 ms with `--no-index`.
         let (spans, taken) = {
             let mut pages = self.pages.borrow_mut();
             let mut dirty = std::mem::take(&mut pages.dirty);
@@ -1423,10 +1424,9 @@ impl IndexService {
             runs.into_iter().map(|(p, b)| (p, Rc::new(b))).collect();
         let r = self.write_snapshot(&f, &runs, boundary).await;
         // Keep the whole-run buffers for the next flush (at most a flush's worth):
-        // fresh ones cost a page fault per page, and most runs are whole (~20 MB of
-        // slot pages per shard per second with one key per message). Measured with
-        // fresh buffers: the copy took 11-15 ms of the shard (5,500 pages), a put p99
-        // of 2.9-4.7 ms at 250 k msg/s against 0.4-0.5 ms with `--no-index`.
+        // fresh ones cost a page fault per page (the 11-15 ms above), and most runs
+        // are whole (~20 MB of slot pages per shard per second with one key per
+        // message).
         {
             let mut pool = self.run_bufs.borrow_mut();
             let cap = self.cap_pages * PAGE / RUN_BYTES + 1;
@@ -1444,12 +1444,7 @@ impl IndexService {
             if self.is_current(&f) {
                 let mut pages = self.pages.borrow_mut();
                 for p in taken {
-                    if let Some(pg) = pages.pages[p as usize].as_deref_mut()
-                        && !pg.dirty
-                    {
-                        pg.dirty = true;
-                        pages.dirty.push(p);
-                    }
+                    pages.mark_dirty(p);
                 }
             }
             return r;

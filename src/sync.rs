@@ -180,10 +180,15 @@ impl OffsetWatch {
     pub fn set(&self, v: u64) {
         debug_assert!(v >= self.value.get(), "offset watch went backwards");
         self.value.set(v);
+        self.wake_where(|w| w.target <= v);
+    }
+
+    /// Wakes (and forgets) every waiter `f` picks.
+    fn wake_where(&self, f: impl Fn(&Waiter) -> bool) {
         let mut ws = self.waiters.borrow_mut();
         let mut i = 0;
         while i < ws.len() {
-            if ws[i].target <= v {
+            if f(&ws[i]) {
                 ws.swap_remove(i).waker.wake();
             } else {
                 i += 1;
@@ -228,15 +233,7 @@ impl OffsetWatch {
 
     /// Wakes every waiter whose deadline is at or before `now`.
     pub fn expire(&self, now: Instant) {
-        let mut ws = self.waiters.borrow_mut();
-        let mut i = 0;
-        while i < ws.len() {
-            if ws[i].deadline.is_some_and(|d| d <= now) {
-                ws.swap_remove(i).waker.wake();
-            } else {
-                i += 1;
-            }
-        }
+        self.wake_where(|w| w.deadline.is_some_and(|d| d <= now));
     }
 }
 
