@@ -11,7 +11,7 @@
 //!   rots.
 
 use clap::Parser;
-use coremq::loadgen::{self, BodySize, Flush, LoadConfig, Mode};
+use coremq::tools::loadgen::{self, BodySize, Flush, LoadConfig, Mode};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -19,7 +19,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use coremq::format::properties;
 use coremq::{
-    FlushMode, GetStatus, Message, PutStatus, Store, StoreConfig, StoredMessage, inspect,
+    FlushMode, GetStatus, Message, PutStatus, Store, StoreConfig, StoredMessage, tools::inspect,
 };
 use serde_json::json;
 use std::collections::VecDeque;
@@ -51,7 +51,7 @@ enum Cmd {
     Run(RunArgs),
     /// Load generator: producers (and tailing consumers) on every shard; reports
     /// throughput, put and end-to-end latency percentiles, CPU per message, peak memory.
-    Bench(Box<coremq::loadgen::LoadConfig>),
+    Bench(Box<coremq::tools::loadgen::LoadConfig>),
     /// Serve RocketMQ's remoting protocol (broker and name-server ports) over a
     /// store in a data directory, until SIGINT or SIGTERM.
     Serve(ServeArgs),
@@ -286,9 +286,9 @@ fn serve_cmd(cfg: coremq::node::NodeConfig) -> ExitCode {
 // ---------------------------------------------------------------------------------
 // bench
 
-fn bench_cmd(cfg: &coremq::loadgen::LoadConfig) -> ExitCode {
+fn bench_cmd(cfg: &coremq::tools::loadgen::LoadConfig) -> ExitCode {
     if let Some(target) = &cfg.target {
-        return match coremq::node::bench::run(cfg, target) {
+        return match coremq::tools::loadgen::remote::run(cfg, target) {
             Ok((report, good)) => {
                 if let Some(path) = &cfg.json {
                     let text = serde_json::to_string_pretty(&report).unwrap_or_default();
@@ -305,7 +305,7 @@ fn bench_cmd(cfg: &coremq::loadgen::LoadConfig) -> ExitCode {
             Err(e) => fail(&e),
         };
     }
-    match coremq::loadgen::run_mode(cfg) {
+    match coremq::tools::loadgen::run_mode(cfg) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => fail(&e),

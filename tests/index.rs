@@ -12,7 +12,7 @@ use coremq::format::index_file;
 use coremq::format::properties;
 use coremq::{
     Error, FlushMode, Message, PutStatus, ShardedConfig, ShardedStore, Store, StoreConfig,
-    StoredMessage, inspect,
+    StoredMessage, tools::inspect,
 };
 use futures_lite::future::block_on;
 use std::collections::{BTreeMap, BTreeSet};

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use coremq::format::checkpoint::Checkpoint;
 use coremq::format::java::tags_code;
-use coremq::inspect::{self, CheckReport};
+use coremq::tools::inspect::{self, CheckReport};
 use coremq::{PutStatus, Store, StoreConfig};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

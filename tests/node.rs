@@ -2,9 +2,9 @@
 //! small blocking RocketMQ remoting client written here.
 
 use bytes::Bytes;
+use coremq::node::remoting::codes::*;
+use coremq::node::remoting::{RemotingCommand, SerializeType, decode_payload};
 use coremq::node::{Network, Node, NodeConfig};
-use coremq::remoting::codes::*;
-use coremq::remoting::{RemotingCommand, SerializeType, decode_payload};
 use coremq::{ShardedConfig, StoreConfig, StoredMessage};
 use serde_json::Value;
 use std::io::{Read, Write};

@@ -1,4 +1,4 @@
-//! The CommitLog read cache (`coremq::read_cache`): interleaved queues read back
+//! The CommitLog read cache (`coremq::commit_log::read_cache`): interleaved queues read back
 //! byte-identical through it, a tiny cache that must evict, gets racing puts, reads
 //! after a reopen, and damaged bytes still refused when they come through the cache.
 mod common;

@@ -1,4 +1,4 @@
-//! The store on a simulated disk (`coremq::sim`), driven by a seed (issue 6).
+//! The store on a simulated disk (`coremq::io::sim`), driven by a seed (issue 6).
 //!
 //! * `crash_at_every_sync_point`: a sync-flush workload (several producers, single puts
 //!   and batches, keys, checkpoints) runs once to count its sync points, then once per

@@ -1,5 +1,5 @@
 //! `coremq serve`: a node speaking RocketMQ's classic remoting protocol (see
-//! [`crate::remoting`]) over the sharded store, so existing RocketMQ clients can
+//! [`crate::node::remoting`]) over the sharded store, so existing RocketMQ clients can
 //! produce, consume, commit offsets, query by key and look up by message id.
 //!
 //! * **Ports.** The broker port (default 127.0.0.1:10911) serves every request code;
@@ -55,20 +55,20 @@
 //! requires `enableActingMaster` in route data; records carry coremq's `__CRC32#`
 //! property, which clients show as an ordinary property.
 
-pub mod bench;
 pub mod config;
 mod listen;
 mod process;
 mod register;
+pub mod remoting;
 mod shard_net;
 mod state;
 
 pub use config::{Network, NodeConfig};
 
 use crate::error::{Error, Result};
-use crate::remoting::{self, FrameError, RemotingCommand};
 use crate::shard::{Handle, ShardedConfig, ShardedStore};
 use process::Outcome;
+use remoting::{FrameError, RemotingCommand};
 use state::{Arrivals, Clients, Metrics, Offsets, Topics, lock};
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};

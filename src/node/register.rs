@@ -8,8 +8,8 @@
 //! bits), which name servers check.
 
 use super::NodeState;
-use crate::remoting::RemotingCommand;
-use crate::remoting::codes::REGISTER_BROKER;
+use crate::node::remoting::RemotingCommand;
+use crate::node::remoting::codes::REGISTER_BROKER;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -118,11 +118,11 @@ fn register_on(
     let mut prefix = [0u8; 4];
     s.read_exact(&mut prefix)
         .map_err(|e| format!("read {namesrv}: {e}"))?;
-    let len = crate::remoting::check_length(prefix, 16 << 20).map_err(|e| e.to_string())?;
+    let len = crate::node::remoting::check_length(prefix, 16 << 20).map_err(|e| e.to_string())?;
     let mut payload = vec![0u8; len];
     s.read_exact(&mut payload)
         .map_err(|e| format!("read {namesrv}: {e}"))?;
-    let resp = crate::remoting::decode_payload(payload.into()).map_err(|e| e.to_string())?;
+    let resp = crate::node::remoting::decode_payload(payload.into()).map_err(|e| e.to_string())?;
     Ok(resp.code)
 }
 

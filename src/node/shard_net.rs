@@ -17,7 +17,7 @@
 
 use super::NodeState;
 use super::process::{self, Outcome, Waiting};
-use crate::remoting::{self, RemotingCommand};
+use crate::node::remoting::{self, RemotingCommand};
 use crate::shard::ShardContext;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalSender};

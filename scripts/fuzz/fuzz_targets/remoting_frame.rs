@@ -3,7 +3,7 @@
 //! length; a decoded command re-encodes to a frame that decodes to the same command.
 #![no_main]
 
-use coremq::remoting::decode_frame;
+use coremq::node::remoting::decode_frame;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

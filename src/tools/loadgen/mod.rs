@@ -263,6 +263,8 @@
 //!   minutes), right after the warning above on the other shard; not reproduced in
 //!   two more runs. `bench.sh` now SIGKILLs a run after a time limit and reports it.
 
+pub mod remote;
+
 use crate::config::SyncFlushIo;
 use crate::format::properties;
 use crate::format::record::{self, Decoded, Verify};
@@ -2354,7 +2356,7 @@ struct ReadResult {
     first_error: Option<String>,
     get_latency: Histogram<u64>,
     /// The shard's read-cache counters at the end (zeros when it is off).
-    cache: crate::read_cache::ReadCacheStats,
+    cache: crate::commit_log::read_cache::ReadCacheStats,
 }
 
 /// One shard's readers' shared tallies.

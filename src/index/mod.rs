@@ -913,7 +913,7 @@ impl IndexService {
                 .filter(|&from| from < end)
                 .map(|from| f.read(from, (CHUNK.min(end - from)) as usize))
                 .collect();
-            for (i, r) in crate::sync::join_all(reads).await.into_iter().enumerate() {
+            for (i, r) in crate::wake::join_all(reads).await.into_iter().enumerate() {
                 let r = r?;
                 let from = at + i as u64 * CHUNK;
                 let want = CHUNK.min(end - from);
@@ -1538,7 +1538,7 @@ impl IndexService {
                 .iter()
                 .map(|(start, buf)| self.write_shared_run(&f.file, start * P, buf.clone()))
                 .collect();
-            for r in crate::sync::join_all(writes).await {
+            for r in crate::wake::join_all(writes).await {
                 r?;
             }
             for (start, buf) in group {
@@ -1671,7 +1671,7 @@ impl IndexService {
         Fut: Future<Output = Result<Option<T>>>,
     {
         let futs: Vec<Fut> = pending.drain(..).map(&mut *verify).collect();
-        for r in crate::sync::join_all(futs).await {
+        for r in crate::wake::join_all(futs).await {
             if let Some(v) = r? {
                 out.push(v);
                 if out.len() >= max {

@@ -147,13 +147,16 @@
 //! outstanding and p99 within 2x fio. The next step (the group-commit thread,
 //! 2026-12-03) is measured in `flusher.rs`.
 
+pub mod group_commit;
+pub mod read_cache;
+
+use crate::commit_log::group_commit::{Flusher, Layout};
 use crate::config::{FlushMode, StoreConfig, SyncFlushIo};
 use crate::error::{Error, Result};
-use crate::flusher::{Flusher, Layout};
 use crate::format::Corruption;
 use crate::format::record::{self, Decoded, RecordView, Verify};
 use crate::io::{self, AlignedBuf, File, PAGE, align_down, align_up};
-use crate::sync::{Notify, OffsetWatch, join_all};
+use crate::wake::{Notify, OffsetWatch, join_all};
 use bytes::Bytes;
 use glommio::allocate_dma_buffer;
 use glommio::io::DmaBuffer;

@@ -95,7 +95,7 @@ use crate::format::properties;
 use crate::format::record::{self, Decoded, RecordFields, Verify};
 use crate::io::{self, File, RootLock};
 use crate::message::*;
-use crate::sync::{Notify, OffsetWatch, join_all};
+use crate::wake::{Notify, OffsetWatch, join_all};
 use ahash::AHashMap;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -157,11 +157,11 @@ struct Inner {
     /// The key index (issue 4); `None` when `index_enable` is off.
     index: Option<Rc<crate::index::IndexService>>,
     /// Large committed log blocks shared by reads that miss the windows (`read_cache`).
-    read_cache: Option<Rc<crate::read_cache::ReadCache>>,
+    read_cache: Option<Rc<crate::commit_log::read_cache::ReadCache>>,
     /// Wakes the executor while the store or any of its tasks lives: glommio 0.9 can
     /// park with runnable tasks, and an open or a shutdown then hung for good (see
     /// `sync`'s docs).
-    _heartbeat: crate::sync::Heartbeat,
+    _heartbeat: crate::wake::Heartbeat,
 }
 
 /// What `open` found and did, for logs and tests.
@@ -218,7 +218,7 @@ impl Store {
     pub async fn open(cfg: StoreConfig) -> Result<Store> {
         cfg.validate()?;
         // Before any I/O: glommio can park with runnable tasks (see `sync`'s docs).
-        let heartbeat = crate::sync::heartbeat();
+        let heartbeat = crate::wake::heartbeat();
         let cfg = Rc::new(cfg);
         let mut phases = Phases::default();
         let root = cfg.root.clone();
@@ -295,7 +295,7 @@ impl Store {
             tasks: RefCell::new(Vec::new()),
             lock: RefCell::new(Some(lock)),
             index,
-            read_cache: crate::read_cache::ReadCache::new(&cfg),
+            read_cache: crate::commit_log::read_cache::ReadCache::new(&cfg),
             _heartbeat: heartbeat,
         });
         let loaded = inner.manifest(0).queues.len();
@@ -432,7 +432,7 @@ impl Store {
     }
 
     /// Counters of the CommitLog read cache (`None` when `read_cache_bytes` is 0).
-    pub fn read_cache_stats(&self) -> Option<crate::read_cache::ReadCacheStats> {
+    pub fn read_cache_stats(&self) -> Option<crate::commit_log::read_cache::ReadCacheStats> {
         self.inner.read_cache.as_ref().map(|c| c.stats())
     }
 

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 
-pub use crate::sim::{SimDisk, SimOp};
+pub mod sim;
+
+pub use sim::{SimDisk, SimOp};
 
 pub const PAGE: usize = 4096;
 

@@ -554,7 +554,7 @@ impl Handle {
             }
         });
         let mut out = vec![PutResult::refused(PutStatus::ServiceNotAvailable); n];
-        for (idx, r) in crate::sync::join_all(futs.collect()).await {
+        for (idx, r) in crate::wake::join_all(futs.collect()).await {
             for (k, i) in idx.into_iter().enumerate() {
                 let mut one = r.clone();
                 if r.status.is_stored() {
@@ -677,7 +677,7 @@ impl Handle {
             })
         });
         let mut all = Vec::new();
-        for r in crate::sync::join_all(asks.collect()).await {
+        for r in crate::wake::join_all(asks.collect()).await {
             all.extend(r??);
         }
         all.sort_by_key(|m: &StoredMessage| {

@@ -8,9 +8,9 @@
 //! queues; messages go round robin over topics and queues. With `--consumers`, every
 //! queue is then read back with `PULL_MESSAGE` and the count checked.
 
-use crate::loadgen::LoadConfig;
-use crate::remoting::codes::*;
-use crate::remoting::{self, RemotingCommand};
+use crate::node::remoting::codes::*;
+use crate::node::remoting::{self, RemotingCommand};
+use crate::tools::loadgen::LoadConfig;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use std::collections::HashMap;
