@@ -162,6 +162,9 @@ pub enum SyncFlushIo {
 
 pub const PAGE: u64 = 4096;
 
+/// The smallest key-index page set allowed (`index_max_dirty_bytes / 4096`).
+pub const INDEX_MIN_PAGES: usize = 16;
+
 impl StoreConfig {
     pub fn new(root: impl Into<PathBuf>) -> StoreConfig {
         StoreConfig {
@@ -325,11 +328,11 @@ impl StoreConfig {
                 self.index_max_entries
             ));
         }
-        if self.index_max_dirty_bytes < crate::index::MIN_PAGES * PAGE as usize {
+        if self.index_max_dirty_bytes < INDEX_MIN_PAGES * PAGE as usize {
             return bad(format!(
                 "index_max_dirty_bytes {} must be at least {}",
                 self.index_max_dirty_bytes,
-                crate::index::MIN_PAGES * PAGE as usize
+                INDEX_MIN_PAGES * PAGE as usize
             ));
         }
         let rb = self.read_cache_block_bytes;

@@ -345,6 +345,90 @@ pub struct Verify {
     pub require_record_crc: bool,
 }
 
+impl Verify {
+    /// Framing only (lengths, magic, offset): for records this store wrote and already
+    /// verified, such as dispatch reading back its own log.
+    pub fn framing(at_offset: u64, max_total_size: usize) -> Verify {
+        Verify {
+            crc: false,
+            at_offset: Some(at_offset as i64),
+            max_total_size,
+            require_record_crc: false,
+        }
+    }
+
+    /// Framing and checksums; `require_record_crc` when the store wrote the record-CRC
+    /// property at that offset (so damage to the property cannot switch the check off).
+    pub fn checksums(at_offset: u64, max_total_size: usize, require_record_crc: bool) -> Verify {
+        Verify {
+            crc: true,
+            at_offset: Some(at_offset as i64),
+            max_total_size,
+            require_record_crc,
+        }
+    }
+
+    /// The same checks for the record at `at_offset`.
+    pub fn at(self, at_offset: u64) -> Verify {
+        Verify {
+            at_offset: Some(at_offset as i64),
+            ..self
+        }
+    }
+}
+
+/// Walks the records back to back in `buf`, which starts at log offset `base`: yields
+/// each record's position in `buf` with what [`decode`] made of it, and ends after the
+/// first blank, the first error, or at the end of `buf`. A record cut by the end of
+/// `buf` yields `Err(Corruption::Truncated)`; callers that read in pieces stop there
+/// and read on from that position.
+pub struct Records<'a> {
+    buf: &'a [u8],
+    base: u64,
+    at: usize,
+    verify: Verify,
+    done: bool,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(buf: &'a [u8], base: u64, verify: Verify) -> Records<'a> {
+        Records {
+            buf,
+            base,
+            at: 0,
+            verify,
+            done: false,
+        }
+    }
+
+    /// Bytes of `buf` consumed so far: up to the end of the last record (or blank)
+    /// yielded, not past a record that failed to decode.
+    pub fn consumed(&self) -> usize {
+        self.at
+    }
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = (usize, Result<Decoded<'a>, Corruption>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || self.at >= self.buf.len() {
+            return None;
+        }
+        let at = self.at;
+        let d = decode(&self.buf[at..], self.verify.at(self.base + at as u64));
+        match &d {
+            Ok(Decoded::Record(r)) => self.at += r.total_size as usize,
+            Ok(Decoded::Blank(n)) => {
+                self.at += *n as usize;
+                self.done = true;
+            }
+            Err(_) => self.done = true,
+        }
+        Some((at, d))
+    }
+}
+
 fn read_host(b: &[u8], at: usize, v6: bool) -> Option<(SocketAddr, usize)> {
     if v6 {
         let octets: [u8; 16] = b.get(at..at + 16)?.try_into().ok()?;
@@ -641,5 +725,46 @@ mod tests {
             decode(&out, wrong_place),
             Err(Corruption::WrongOffset { .. })
         ));
+    }
+
+    #[test]
+    fn records_walks_back_to_back_records_and_stops_at_blank_error_or_cut() {
+        let mut log = Vec::new();
+        let mut starts = Vec::new();
+        for (i, body) in [&b"one"[..], b"second", b"3"].iter().enumerate() {
+            starts.push(log.len());
+            let mut f = fields("T", body, b"", true);
+            f.phys_offset = 4096 + log.len() as i64;
+            f.queue_offset = i as i64;
+            encode(&f, &mut log);
+        }
+        let records_end = log.len();
+        log.extend_from_slice(&encode_blank(64));
+        log.extend_from_slice(&[0xAB; 56]);
+        let v = Verify::checksums(0, 1 << 20, true);
+        let seen: Vec<_> = Records::new(&log, 4096, v).collect();
+        assert_eq!(seen.len(), 4, "three records, then the blank ends the walk");
+        for (k, (at, d)) in seen.iter().take(3).enumerate() {
+            assert_eq!(*at, starts[k]);
+            let Ok(Decoded::Record(r)) = d else {
+                panic!("record {k}: {d:?}")
+            };
+            assert_eq!(r.queue_offset, k as i64);
+        }
+        assert!(matches!(seen[3], (at, Ok(Decoded::Blank(64))) if at == records_end));
+
+        // Cut inside the second record: one record, then Truncated, and consumed()
+        // stops at the first record's end.
+        let mut w = Records::new(&log[..starts[1] + 10], 4096, v);
+        assert!(matches!(w.next(), Some((0, Ok(Decoded::Record(_))))));
+        assert!(matches!(w.next(), Some((_, Err(Corruption::Truncated)))));
+        assert!(w.next().is_none());
+        assert_eq!(w.consumed(), starts[1]);
+
+        // A wrong base offset is refused at the first record (PHYSICALOFFSET check).
+        let mut w = Records::new(&log, 0, v);
+        assert!(matches!(w.next(), Some((0, Err(_)))));
+        assert!(w.next().is_none());
+        assert_eq!(w.consumed(), 0);
     }
 }

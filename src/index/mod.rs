@@ -100,11 +100,8 @@ use crate::error::{Error, Result};
 use crate::format::index_file::{
     self, ENTRY_LEN, Geometry, IndexEntry, IndexHeader, NAME_LEN, index_keys,
 };
-use crate::format::properties;
 use crate::format::record::{self, RecordView};
 use crate::io::{Disk, File, PAGE};
-use crate::message::StoredMessage;
-use crate::store::Store;
 use ahash::{AHashMap, AHashSet};
 use glommio::io::DmaBuffer;
 use glommio::{allocate_dma_buffer, allocate_dma_buffer_global};
@@ -117,8 +114,7 @@ use std::rc::Rc;
 const RUN_BYTES: usize = 1 << 20;
 /// A flush's snapshot of at least this many runs is copied with a yield between runs.
 const YIELDING_SNAPSHOT_RUNS: usize = 8;
-/// The smallest page set allowed (`index_max_dirty_bytes / 4096`).
-pub const MIN_PAGES: usize = 16;
+use crate::config::INDEX_MIN_PAGES as MIN_PAGES;
 /// Longest key a query accepts: no record can carry a longer one (properties are
 /// limited to 32767 bytes).
 pub const MAX_KEY_LEN: usize = record::MAX_PROPERTIES_LEN;
@@ -1680,49 +1676,6 @@ impl IndexService {
             }
         }
         Ok(false)
-    }
-}
-
-impl Store {
-    /// Messages of `topic` carrying `key` (a `KEYS` part or the `UNIQ_KEY`) stored
-    /// within `[begin_ms, end_ms]` (inclusive, store time), newest first, at most
-    /// `max` (clamped to `query_max`, 64 by default). Each hit is read from the
-    /// CommitLog and verified: checksums, topic, the real key (hashes collide) and
-    /// the exact store time, so only true matches come back.
-    ///
-    /// Bad input: an empty topic or key, a key longer than 32767 bytes (no record can
-    /// carry one), or `begin_ms > end_ms` is `Error::BadRequest`; `max == 0` is an
-    /// empty answer. With the index disabled (`index_enable = false`) every query is
-    /// `Error::BadRequest`.
-    pub async fn query_by_key(
-        &self,
-        topic: &str,
-        key: &str,
-        max: usize,
-        begin_ms: i64,
-        end_ms: i64,
-    ) -> Result<Vec<StoredMessage>> {
-        check_query(topic, key, begin_ms, end_ms)?;
-        let Some(ix) = self.index_service() else {
-            return Err(Error::BadRequest(
-                "the key index is disabled on this store".into(),
-            ));
-        };
-        let max = max.min(self.config().query_max);
-        ix.query(topic, key, begin_ms, end_ms, max, |offset| async move {
-            let Some(m) = self.look_by_offset(offset).await? else {
-                return Ok(None);
-            };
-            let ok = m.topic == topic
-                && (begin_ms..=end_ms).contains(&m.store_timestamp_ms)
-                && index_file::has_key(
-                    m.property(properties::UNIQ_KEY),
-                    m.property(properties::KEYS),
-                    key,
-                );
-            Ok(ok.then_some(m))
-        })
-        .await
     }
 }
 

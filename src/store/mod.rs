@@ -82,6 +82,8 @@
 //! read buffers are allocated per read (could be reused); a faster CRC32 (VPCLMULQDQ)
 //! would cut the largest CPU item.
 
+mod query;
+
 use crate::commit_log::{CommitLog, LogReader, RecordSink, RecoverPlan};
 use crate::config::{FlushMode, StoreConfig};
 use crate::consume_queue::{ConsumeQueue, Placed};
