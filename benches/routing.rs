@@ -6,7 +6,7 @@
 //!
 //! `cargo bench --bench routing` for full counts; `cargo test --benches` runs it tiny.
 
-use coremq::{Message, ShardedConfig, ShardedStore, StoreConfig};
+use coremq::{Message, ShardedConfig, ShardedStore, StoreConfig, StoreOps};
 use futures_lite::future::block_on;
 use std::time::{Duration, Instant};
 

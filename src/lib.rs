@@ -29,8 +29,19 @@ pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,
     StoredMessage,
 };
-pub use shard::{Handle, ShardContext, ShardStatus, ShardedConfig, ShardedStore};
+pub use shard::{Handle, Route, ShardContext, ShardStatus, ShardedConfig, ShardedStore, StoreOps};
 pub use store::{OpenReport, Store};
+
+/// What a host embedding the sharded store needs in scope: `use coremq::prelude::*;`.
+/// It brings [`StoreOps`], the trait whose methods are the operations of a [`Handle`]
+/// and a [`ShardContext`].
+pub mod prelude {
+    pub use crate::{
+        Error, FlushMode, GetResult, GetStatus, Handle, LogOffset, Message, PutResult, PutStatus,
+        QueueOffset, Result, Route, ShardContext, ShardStatus, ShardedConfig, ShardedStore, Store,
+        StoreConfig, StoreOps, StoredMessage,
+    };
+}
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {

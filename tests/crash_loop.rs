@@ -55,6 +55,7 @@
 mod child;
 
 use child::*;
+use coremq::StoreOps;
 use coremq::{
     Error, FlushMode, GetStatus, Handle, Message, PutResult, PutStatus, ShardedConfig,
     ShardedStore, StoreConfig, StoredMessage,

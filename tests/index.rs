@@ -8,6 +8,7 @@ mod common;
 
 use child::*;
 use common::run;
+use coremq::StoreOps;
 use coremq::format::index_file;
 use coremq::format::properties;
 use coremq::{

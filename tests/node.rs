@@ -2,6 +2,7 @@
 //! small blocking RocketMQ remoting client written here.
 
 use bytes::Bytes;
+use coremq::StoreOps;
 use coremq::node::remoting::codes::*;
 use coremq::node::remoting::{RemotingCommand, SerializeType, decode_payload};
 use coremq::node::{Network, Node, NodeConfig};

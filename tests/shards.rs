@@ -5,7 +5,8 @@ mod common;
 use common::body;
 use coremq::shard::{SHARD_SHIFT, shard_of};
 use coremq::{
-    Error, GetStatus, Message, PutStatus, ShardedConfig, ShardedStore, StoreConfig, StoredMessage,
+    Error, GetStatus, Message, PutStatus, ShardedConfig, ShardedStore, StoreConfig, StoreOps,
+    StoredMessage,
 };
 use futures_lite::future::block_on;
 

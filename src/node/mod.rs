@@ -65,6 +65,7 @@ mod state;
 
 pub use config::{Network, NodeConfig};
 
+use crate::StoreOps;
 use crate::error::{Error, Result};
 use crate::shard::{Handle, ShardedConfig, ShardedStore};
 use process::Outcome;

@@ -5,6 +5,7 @@
 
 use super::NodeState;
 use super::state::{PERM_READ, PERM_WRITE, TopicConf};
+use crate::StoreOps;
 use crate::format::msg_id::MessageId;
 use crate::format::properties;
 use crate::message::{GetStatus, Message, PutResult, PutStatus};

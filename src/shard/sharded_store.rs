@@ -1,0 +1,251 @@
+//! [`ShardedStore`]: N shards, one glommio executor thread each, under one root.
+//!
+//! RocketMQ has no sharding: a broker runs one `DefaultMessageStore`. `ShardedStore` is
+//! coremq's, and each of its shards is one such store (a [`Store`] under
+//! `<root>/shard-<i>/`, laid out as a RocketMQ store root) owning a disjoint set of
+//! queues (see `ownership`). It holds `<root>/lock` for the whole store and checks
+//! `<root>/store.meta` (see `meta`) before any shard opens.
+//!
+//! * **Lifecycle.** `open` starts every executor, each opening (and recovering) its
+//!   store, and returns once all are open, or shuts down the ones that opened and
+//!   returns the first error. `shutdown` (or drop) shuts every shard down cleanly
+//!   (flush, checkpoint, remove `abort`) and joins the threads; a dead shard is
+//!   reported, not waited for.
+//! * **Failure isolation.** A shard whose store fails (I/O error, fail-stop) answers
+//!   every put with `ServiceNotAvailable` and reports its failure in `shard_status`; a
+//!   shard whose thread dies (a panicking task takes its executor down) is marked dead
+//!   by [`Alive`] and refused at once. The other shards go on either way.
+//! * **Spinning** (`spin_before_park`) is off by default: 50 us of spinning cut a
+//!   cross-executor round trip from ~64 us to ~6 us, but it slowed fdatasync, whose
+//!   completion work runs on the executor's CPU (docs/performance/shard.md).
+
+use super::handle::{self, Handle, Inbox};
+use super::meta::read_or_create_meta;
+use super::ownership::{MAX_SHARDS, SHARD_SHIFT};
+use crate::config::StoreConfig;
+use crate::error::{Error, Result};
+use crate::store::Store;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ShardedConfig {
+    pub root: PathBuf,
+    /// Number of shards (executors); defaults to the CPUs this process may use.
+    pub shards: usize,
+    /// Pin shard `i` to CPU `i` (when that CPU exists).
+    pub pin: bool,
+    /// Template for every shard's store (root and base offset are set per shard).
+    pub store: StoreConfig,
+    /// Requests that may wait in a shard's queue before senders wait.
+    pub channel_capacity: usize,
+    /// glommio `spin_before_park` (off by default; see the module docs).
+    pub spin_before_park: Option<Duration>,
+    /// glommio registered I/O memory per shard.
+    pub io_memory_bytes: usize,
+}
+
+impl ShardedConfig {
+    pub fn new(root: impl Into<PathBuf>) -> ShardedConfig {
+        let root = root.into();
+        ShardedConfig {
+            shards: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            pin: true,
+            store: StoreConfig::new(&root),
+            root,
+            channel_capacity: 4096,
+            spin_before_park: None,
+            io_memory_bytes: 64 << 20,
+        }
+    }
+
+    fn shard_config(&self, i: usize) -> StoreConfig {
+        StoreConfig {
+            root: self.root.join(format!("shard-{i}")),
+            log_base_offset: (i as u64) << SHARD_SHIFT,
+            ..self.store.clone()
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(Error::Config(format!(
+                "shards must be within 1..={MAX_SHARDS}"
+            )));
+        }
+        if self.channel_capacity == 0 {
+            return Err(Error::Config("channel_capacity must be positive".into()));
+        }
+        (0..self.shards).try_for_each(|i| self.shard_config(i).validate())
+    }
+
+    fn executor(&self, i: usize, cpus: usize) -> glommio::LocalExecutorBuilder {
+        let placement = if self.pin && i < cpus {
+            glommio::Placement::Fixed(i)
+        } else {
+            glommio::Placement::Unbound
+        };
+        let builder = glommio::LocalExecutorBuilder::new(placement)
+            .name(&format!("coremq-shard-{i}"))
+            .io_memory(self.io_memory_bytes);
+        match self.spin_before_park {
+            Some(spin) => builder.spin_before_park(spin),
+            None => builder,
+        }
+    }
+}
+
+/// The running sharded store: owns the shard threads and the store-wide lock.
+pub struct ShardedStore {
+    handle: Handle,
+    threads: Vec<glommio::ExecutorJoinHandle<()>>,
+    _lock: std::fs::File,
+    root: PathBuf,
+}
+
+impl ShardedStore {
+    /// Opens every shard (recovering each) and starts its executor thread. Blocks the
+    /// calling thread until all shards are open; call it outside any executor.
+    pub fn open(cfg: ShardedConfig) -> Result<ShardedStore> {
+        cfg.validate()?;
+        std::fs::create_dir_all(&cfg.root).map_err(|e| Error::io("create dir", &cfg.root, 0, e))?;
+        let lock = crate::io::lock_root(&cfg.root)?;
+        read_or_create_meta(&cfg.root, cfg.shards)?;
+        let (handle, inboxes) = Handle::new(cfg.shards, cfg.channel_capacity);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let mut threads = Vec::new();
+        let mut ready = Vec::new();
+        for (i, inbox) in inboxes.into_iter().enumerate() {
+            let (ready_tx, ready_rx) = flume::bounded(1);
+            let store_cfg = cfg.shard_config(i);
+            let h = handle.clone();
+            let spawned = cfg
+                .executor(i, cpus)
+                .spawn(move || shard_main(i, store_cfg, inbox, h, ready_tx));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    handle.close();
+                    return Err(Error::Config(format!("cannot start shard {i}: {e}")));
+                }
+            }
+            ready.push(ready_rx);
+        }
+        let mut first_err = None;
+        for (i, r) in ready.into_iter().enumerate() {
+            let outcome = r.recv().unwrap_or_else(|_| {
+                Err(Error::ShardUnavailable {
+                    shard: i,
+                    why: "shard thread died while opening".into(),
+                })
+            });
+            if let Err(e) = outcome {
+                first_err.get_or_insert(e);
+            }
+        }
+        let mut store = ShardedStore {
+            handle,
+            threads,
+            _lock: lock,
+            root: cfg.root.clone(),
+        };
+        if let Some(e) = first_err {
+            let _ = store.stop();
+            return Err(e);
+        }
+        tracing::info!(root = %cfg.root.display(), shards = cfg.shards, "sharded store open");
+        Ok(store)
+    }
+
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// Shuts every shard down cleanly (flush, checkpoint, remove `abort`) and joins the
+    /// threads. Returns the first failure; every shard is stopped either way.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        if self.threads.is_empty() {
+            return Ok(());
+        }
+        let alive = &self.handle.shared.alive;
+        let mut first_err = None;
+        for (i, answer) in self.handle.shut_down_all().into_iter().enumerate() {
+            // Polled, so that a shard whose thread dies meanwhile is not waited for.
+            let reply = loop {
+                match answer.recv_timeout(Duration::from_millis(100)) {
+                    Err(flume::RecvTimeoutError::Timeout) if alive[i].load(Ordering::SeqCst) => {}
+                    Err(_) => break Err(handle::gone(i)),
+                    Ok(r) => break r,
+                }
+            };
+            if let Err(e) = reply {
+                first_err.get_or_insert(e);
+            }
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        tracing::info!(root = %self.root.display(), "sharded store shut down");
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for ShardedStore {
+    /// Dropping without `shutdown` still shuts down cleanly (errors are logged).
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "shutdown on drop failed");
+        }
+    }
+}
+
+/// Lives as long as a shard's main task. When the task ends (returns, or is dropped
+/// while its thread unwinds from a panic) it marks the shard dead and drops queued
+/// requests, so their callers get an error instead of waiting for ever.
+struct Alive {
+    shard: usize,
+    handle: Handle,
+    inbox: Inbox,
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.handle.shared.alive[self.shard].store(false, Ordering::SeqCst);
+        while let Ok(req) = self.inbox.try_recv() {
+            drop(req);
+        }
+    }
+}
+
+async fn shard_main(
+    shard: usize,
+    cfg: StoreConfig,
+    inbox: Inbox,
+    handle: Handle,
+    ready: flume::Sender<Result<()>>,
+) {
+    let _alive = Alive {
+        shard,
+        handle,
+        inbox: inbox.clone(),
+    };
+    match Store::open(cfg).await {
+        Ok(store) => {
+            let _ = ready.send(Ok(()));
+            handle::serve(&inbox, store).await;
+        }
+        Err(e) => {
+            tracing::error!(shard, error = %e, "shard failed to open");
+            let _ = ready.send(Err(e));
+        }
+    }
+}
