@@ -41,17 +41,27 @@ pub(super) struct IndexFile {
 }
 
 impl IndexFile {
-    /// A file found on disk with its decoded header.
-    pub(super) fn opened(name: String, file: Rc<File>, geo: Geometry, header: IndexHeader) -> Self {
+    fn new(
+        name: String,
+        file: Rc<File>,
+        geo: Geometry,
+        header: IndexHeader,
+        written: Option<Vec<u64>>,
+    ) -> Self {
         IndexFile {
             id: next_file_id(),
             name,
             file,
             geo,
             header: Cell::new(header),
-            written: RefCell::new(None),
+            written: RefCell::new(written),
             epoch: Cell::new(0),
         }
+    }
+
+    /// A file found on disk with its decoded header.
+    pub(super) fn opened(name: String, file: Rc<File>, geo: Geometry, header: IndexHeader) -> Self {
+        IndexFile::new(name, file, geo, header, None)
     }
 
     /// Creates the next file in `dir`, after `prev` (whose end becomes its begin). Its
@@ -86,15 +96,8 @@ impl IndexFile {
             None => IndexHeader::empty(),
         };
         tracing::debug!(path = %path.display(), "index file created");
-        Ok(IndexFile {
-            id: next_file_id(),
-            name,
-            file,
-            geo,
-            header: Cell::new(header),
-            written: RefCell::new(Some(vec![0u64; pages(geo).div_ceil(64) as usize])),
-            epoch: Cell::new(0),
-        })
+        let written = vec![0u64; pages(geo).div_ceil(64) as usize];
+        Ok(IndexFile::new(name, file, geo, header, Some(written)))
     }
 
     /// Whether page `page` is known to be zeros (never written by this process).
