@@ -1,6 +1,6 @@
 //! The node's counters and their Prometheus text exposition at `/metrics` on the
-//! metrics port: the counterpart of RocketMQ's `BrokerStatsManager` (RocketMQ 5 exports
-//! its `BrokerMetricsManager` to Prometheus the same way).
+//! metrics port: the counterpart of RocketMQ's `BrokerStatsManager` (RocketMQ 5's
+//! `BrokerMetricsManager` also offers a Prometheus exporter).
 //!
 //! Counters are atomics bumped by the request that did the work (relaxed: each is read
 //! alone); per-shard log positions are asked of each shard when `/metrics` is read.

@@ -7,9 +7,10 @@
 //!   queue round-robin.
 //! * A batch is one `put_batch` on one queue; the C++ client sends batches as code 10
 //!   with `batch = 1`, so that flag counts as well as code 320.
-//! * Only a stored put (`PutOk`, `FlushDiskTimeout`) is answered with success codes;
-//!   every other store status maps to RocketMQ's response code with a remark, and
-//!   only a stored put signals the queue's held pulls.
+//! * A stored put (`PutOk`, or `FlushDiskTimeout`: stored, durability not confirmed in
+//!   time) is answered with its code, `msgId` and `queueOffset`; any other status is
+//!   refused with RocketMQ's response code and a remark. Only a stored put signals the
+//!   queue's held pulls.
 //! * Sent back: `%RETRY%group` at once (delay levels need scheduled delivery, not
 //!   implemented), `%DLQ%group` once the message failed `maxReconsumeTimes` (16) times.
 
