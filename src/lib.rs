@@ -8,6 +8,11 @@
 //! byte layouts (see [`format`]).
 //!
 //! See `store` for the durability contract of each flush mode.
+//!
+//! Cargo features: `node` (`coremq::node`, the RocketMQ remoting server), `tools`
+//! (`coremq::tools`: inspect, the load generator; implies `node`) and `cli` (the `coremq`
+//! binary; implies both), all on by default. With `default-features = false` the crate
+//! is the store alone and pulls none of their dependencies.
 
 pub mod commit_log;
 pub mod config;
@@ -17,9 +22,11 @@ pub mod format;
 pub mod index;
 pub mod io;
 pub mod message;
+#[cfg(feature = "node")]
 pub mod node;
 pub mod shard;
 pub mod store;
+#[cfg(feature = "tools")]
 pub mod tools;
 mod wake;
 

@@ -1,6 +1,8 @@
-//! The node's settings: defaults that work on a laptop, every one overridable by a
-//! TOML file (`coremq serve --config coremq.toml`), and the address flags override
-//! the file. See `coremq.toml` at the repository root for a documented example.
+//! The node's settings, RocketMQ's `BrokerConfig` and `NettyServerConfig` in one:
+//! defaults that work on a laptop, every one overridable by a TOML file (`coremq serve
+//! --config coremq.toml`), and the address flags override the file. See `coremq.toml`
+//! at the repository root for a documented example. Unknown keys are refused, so a
+//! typo cannot pass silently; [`NodeConfig::validate`] runs before anything is bound.
 
 use crate::config::FlushMode;
 use crate::error::{Error, Result};

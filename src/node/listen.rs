@@ -1,6 +1,6 @@
-//! Listening sockets with `SO_REUSEPORT`: one per shard on the same address, so the
-//! kernel spreads new connections over the shards and no two executors share a
-//! socket. (Sharing one socket through dup'ed descriptors does not work with
+//! Listening sockets with `SO_REUSEPORT` (the server socket RocketMQ's
+//! `NettyRemotingServer` binds): one per shard on the same address, so the kernel
+//! spreads new connections over the shards and no two executors share a socket. (Sharing one socket through dup'ed descriptors does not work with
 //! glommio: its accept flips `O_NONBLOCK` on the shared open file, and a shard can
 //! end up blocked in `accept(2)` on its executor thread.)
 

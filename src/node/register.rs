@@ -1,4 +1,5 @@
-//! Joining an existing RocketMQ cluster: with `namesrv_addr` configured, the node
+//! Joining an existing RocketMQ cluster (RocketMQ's
+//! `BrokerOuterAPI.registerBrokerAll`): with `namesrv_addr` configured, the node
 //! registers itself (`REGISTER_BROKER`, 103) with each of those name servers at start
 //! and every `register_interval_ms` (RocketMQ: 30 s), naming its topics, so clients
 //! asking those name servers find this node.
@@ -39,7 +40,7 @@ pub(crate) fn register_body(st: &NodeState, version: u64) -> Vec<u8> {
         .collect();
     // Shaped as a RocketMQ 5 broker sends it (`TopicConfigAndMappingSerializeWrapper`,
     // `DataVersion` with `stateVersion`): rocketmq-rust's name server requires every
-    // field (found by scripts/namesrv_register.sh).
+    // field (scripts/namesrv_register.sh checks it).
     let data_version = json!({"stateVersion": 0, "timestamp": crate::now_ms(), "counter": version});
     let body = json!({
         "topicConfigSerializeWrapper": {
@@ -62,8 +63,7 @@ fn crc31(bytes: &[u8]) -> i32 {
 /// One registration with one name server over `conn` (connected first if `None`);
 /// the response code. The connection is kept: a name server takes a closed broker
 /// channel for a broker that went away and drops its routes at once (rocketmq-rust's
-/// does; found by scripts/namesrv_register.sh). On error it is dropped, and the next
-/// round connects again.
+/// does). On error it is dropped, and the next round connects again.
 fn register_once(
     st: &NodeState,
     namesrv: &str,

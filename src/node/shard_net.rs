@@ -1,7 +1,8 @@
-//! Connections served on the shards (the default, `network = "shards"`): every shard
-//! executor accepts on its own broker and name-server sockets (`SO_REUSEPORT`: the
-//! kernel spreads new connections over the shards' sockets, see `listen.rs`) and
-//! serves its connections as glommio tasks with `glommio::net` (io_uring) I/O.
+//! Connections served on the shards (the default, `network = "shards"`), RocketMQ's
+//! `NettyRemotingServer` rebuilt thread-per-core: every shard executor accepts on its
+//! own broker and name-server sockets (`SO_REUSEPORT`: the kernel spreads new
+//! connections over the shards' sockets, see `listen.rs`) and serves its connections
+//! as glommio tasks with `glommio::net` (io_uring) I/O.
 //!
 //! Per connection: a reader task decodes frames and spawns a task per request (at
 //! most 1024 in flight per connection). A request for a queue this shard owns calls
@@ -16,7 +17,7 @@
 //! connections' requests and held pulls have answered.
 
 use super::NodeState;
-use super::process::{self, Outcome, Waiting};
+use super::processor::{self, Outcome, Waiting};
 use crate::node::remoting::{self, RemotingCommand};
 use crate::shard::ShardContext;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
@@ -142,7 +143,7 @@ async fn serve_shard(
     fds: Vec<RawFd>,
     stop_rx: flume::Receiver<()>,
 ) {
-    process::set_local_shard(Some(ctx));
+    processor::set_local_shard(Some(ctx));
     let stop = Rc::new(LocalStop::default());
     let open = Rc::new(Cell::new(0usize));
     for (k, fd) in fds.into_iter().enumerate() {
@@ -164,7 +165,7 @@ async fn serve_shard(
     while open.get() > 0 && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(10)).await;
     }
-    process::set_local_shard(None);
+    processor::set_local_shard(None);
 }
 
 async fn accept_loop(
@@ -280,14 +281,14 @@ async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
         let (st, tx) = (st.clone(), tx.clone());
         glommio::spawn_local(async move {
             let _permit = permit;
-            match process::process(&st, req, conn, peer).await {
+            match processor::process(&st, req, conn, peer).await {
                 Outcome::Reply(resp) => {
                     let _ = tx.send(resp.encode()).await;
                 }
                 Outcome::NoReply => {}
                 Outcome::Hold(hold) => {
                     drop(_permit);
-                    let resp = process::serve_hold(&st, hold, Waiting::Glommio).await;
+                    let resp = processor::serve_hold(&st, hold, Waiting::Glommio).await;
                     let _ = tx.send(resp.encode()).await;
                 }
             }

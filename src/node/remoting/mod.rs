@@ -1,4 +1,8 @@
-//! RocketMQ's classic remoting protocol: frames, command headers and codes.
+//! RocketMQ's remoting layer (`rocketmq-remoting`): [`RemotingCommand`] (RocketMQ's
+//! class of the same name), the frame codec (RocketMQ's `NettyEncoder` /
+//! `NettyDecoder`), both header serializations and the request and response codes
+//! ([`codes`]). The node, the load generator's remote mode and `register.rs` all speak
+//! through it.
 //!
 //! A frame on the wire:
 //!
@@ -10,23 +14,16 @@
 //! ```
 //!
 //! `length` counts everything after itself (4 + header + body). The serialize type
-//! is 0 (JSON header, RocketMQ's `RemotingSerializable`) or 1 (RocketMQ's own binary
-//! header, `RocketMQSerializable`). Both are accepted; a response uses the type of its
-//! request. JSON headers may come with or without `serializeTypeCurrentRPC`; every
-//! JSON header this side writes carries it (some clients refuse a response without).
-//!
-//! The binary header (all big-endian):
-//!
-//! ```text
-//! code: i16 | language: u8 | version: i16 | opaque: i32 | flag: i32
-//! | remark length: i32 | remark | ext length: i32
-//! | ext: (key length: i16 | key | value length: i32 | value)*
-//! ```
+//! is 0 (JSON header, RocketMQ's `RemotingSerializable`, `json_header.rs`) or 1
+//! (RocketMQ's own binary header, `RocketMQSerializable`, `binary_header.rs`). Both are
+//! accepted; a response uses the type of its request.
 //!
 //! Decoding is pure (no I/O) and never panics on any input: every length is bounded by
 //! the bytes at hand and by the configured frame limit before it sizes anything.
 
+mod binary_header;
 pub mod codes;
+mod json_header;
 
 use bytes::Bytes;
 use std::fmt;
@@ -216,8 +213,8 @@ impl RemotingCommand {
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Vec<u8> {
         let header = match self.serialize_type {
-            SerializeType::Json => self.json_header(),
-            SerializeType::RocketMq => self.binary_header(),
+            SerializeType::Json => json_header::encode(self),
+            SerializeType::RocketMq => binary_header::encode(self),
         };
         let length = HEADER_WORD + header.len() + self.body.len();
         let mut out = Vec::with_capacity(LENGTH_PREFIX + length);
@@ -227,50 +224,6 @@ impl RemotingCommand {
         out.extend_from_slice(&header);
         out.extend_from_slice(&self.body);
         out
-    }
-
-    fn json_header(&self) -> Vec<u8> {
-        let mut ext = serde_json::Map::new();
-        for (k, v) in &self.ext_fields {
-            ext.insert(k.clone(), serde_json::Value::String(v.clone()));
-        }
-        let mut obj = serde_json::Map::new();
-        obj.insert("code".into(), self.code.into());
-        obj.insert("language".into(), self.language.clone().into());
-        obj.insert("version".into(), self.version.into());
-        obj.insert("opaque".into(), self.opaque.into());
-        obj.insert("flag".into(), self.flag.into());
-        if let Some(r) = &self.remark {
-            obj.insert("remark".into(), r.clone().into());
-        }
-        obj.insert("extFields".into(), serde_json::Value::Object(ext));
-        obj.insert(
-            "serializeTypeCurrentRPC".into(),
-            self.serialize_type.name().into(),
-        );
-        serde_json::to_vec(&serde_json::Value::Object(obj)).unwrap_or_default()
-    }
-
-    fn binary_header(&self) -> Vec<u8> {
-        let mut h = Vec::with_capacity(64);
-        h.extend_from_slice(&(self.code as i16).to_be_bytes());
-        h.push(language_code(&self.language));
-        h.extend_from_slice(&(self.version as i16).to_be_bytes());
-        h.extend_from_slice(&self.opaque.to_be_bytes());
-        h.extend_from_slice(&self.flag.to_be_bytes());
-        let remark = self.remark.as_deref().unwrap_or("").as_bytes();
-        h.extend_from_slice(&(remark.len() as i32).to_be_bytes());
-        h.extend_from_slice(remark);
-        let mut ext = Vec::new();
-        for (k, v) in &self.ext_fields {
-            ext.extend_from_slice(&(k.len() as i16).to_be_bytes());
-            ext.extend_from_slice(k.as_bytes());
-            ext.extend_from_slice(&(v.len() as i32).to_be_bytes());
-            ext.extend_from_slice(v.as_bytes());
-        }
-        h.extend_from_slice(&(ext.len() as i32).to_be_bytes());
-        h.extend_from_slice(&ext);
-        h
     }
 }
 
@@ -323,148 +276,12 @@ pub fn decode_payload(frame: Bytes) -> Result<RemotingCommand, FrameError> {
     let header = &frame[HEADER_WORD..HEADER_WORD + header_len];
     let body = frame.slice(HEADER_WORD + header_len..);
     let mut cmd = match kind {
-        0 => decode_json_header(header)?,
-        1 => decode_binary_header(header)?,
+        0 => json_header::decode(header)?,
+        1 => binary_header::decode(header)?,
         other => return Err(FrameError::UnknownSerializeType(other)),
     };
     cmd.body = body;
     Ok(cmd)
-}
-
-fn json_i32(obj: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option<i32> {
-    match obj.get(key)? {
-        serde_json::Value::Number(n) => n.as_i64().and_then(|v| i32::try_from(v).ok()),
-        serde_json::Value::String(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn decode_json_header(header: &[u8]) -> Result<RemotingCommand, FrameError> {
-    let value: serde_json::Value =
-        serde_json::from_slice(header).map_err(|e| FrameError::BadHeader(e.to_string()))?;
-    let serde_json::Value::Object(obj) = value else {
-        return Err(FrameError::BadHeader(
-            "the JSON header is not an object".into(),
-        ));
-    };
-    let code = json_i32(&obj, "code")
-        .ok_or_else(|| FrameError::BadHeader("no integer `code` in the header".into()))?;
-    let mut ext_fields = Vec::new();
-    if let Some(serde_json::Value::Object(ext)) = obj.get("extFields") {
-        for (k, v) in ext {
-            let v = match v {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Null => continue,
-                other => other.to_string(),
-            };
-            ext_fields.push((k.clone(), v));
-        }
-    }
-    let language = match obj.get("language") {
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(serde_json::Value::Number(n)) => {
-            language_name(n.as_u64().unwrap_or(7).min(255) as u8).to_string()
-        }
-        _ => "OTHER".to_string(),
-    };
-    Ok(RemotingCommand {
-        code,
-        language,
-        version: json_i32(&obj, "version").unwrap_or(0),
-        opaque: json_i32(&obj, "opaque").unwrap_or(0),
-        flag: json_i32(&obj, "flag").unwrap_or(0),
-        remark: obj
-            .get("remark")
-            .and_then(|r| r.as_str())
-            .map(str::to_string),
-        ext_fields,
-        serialize_type: SerializeType::Json,
-        body: Bytes::new(),
-    })
-}
-
-/// A bounds-checked reader over a binary header.
-struct Cursor<'a> {
-    buf: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], FrameError> {
-        if n > self.buf.len() {
-            return Err(FrameError::BadHeader(format!(
-                "{what} needs {n} bytes, {} left",
-                self.buf.len()
-            )));
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
-    }
-
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], FrameError> {
-        let b = self.take(N, what)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(b);
-        Ok(a)
-    }
-
-    fn i16(&mut self, what: &str) -> Result<i16, FrameError> {
-        Ok(i16::from_be_bytes(self.array(what)?))
-    }
-
-    fn i32(&mut self, what: &str) -> Result<i32, FrameError> {
-        Ok(i32::from_be_bytes(self.array(what)?))
-    }
-
-    /// A length field followed by that many bytes, as UTF-8.
-    fn string(&mut self, len: i64, what: &str) -> Result<String, FrameError> {
-        let len = usize::try_from(len)
-            .map_err(|_| FrameError::BadHeader(format!("negative {what} length")))?;
-        let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| FrameError::BadHeader(format!("{what} is not UTF-8")))
-    }
-}
-
-fn decode_binary_header(header: &[u8]) -> Result<RemotingCommand, FrameError> {
-    let mut c = Cursor { buf: header };
-    let code = c.i16("code")? as i32;
-    let language = language_name(c.array::<1>("language")?[0]).to_string();
-    let version = c.i16("version")? as i32;
-    let opaque = c.i32("opaque")?;
-    let flag = c.i32("flag")?;
-    let remark_len = c.i32("remark length")?;
-    let remark = if remark_len > 0 {
-        Some(c.string(remark_len as i64, "remark")?)
-    } else {
-        None
-    };
-    let ext_len = c.i32("ext length")?;
-    let ext = c.take(
-        usize::try_from(ext_len)
-            .map_err(|_| FrameError::BadHeader("negative ext length".into()))?,
-        "ext fields",
-    )?;
-    let mut e = Cursor { buf: ext };
-    let mut ext_fields = Vec::new();
-    while !e.buf.is_empty() {
-        let klen = e.i16("ext key length")?;
-        let key = e.string(klen as i64, "ext key")?;
-        let vlen = e.i32("ext value length")?;
-        let value = e.string(vlen as i64, "ext value")?;
-        ext_fields.push((key, value));
-    }
-    Ok(RemotingCommand {
-        code,
-        language,
-        version,
-        opaque,
-        flag,
-        remark,
-        ext_fields,
-        serialize_type: SerializeType::RocketMq,
-        body: Bytes::new(),
-    })
 }
 
 #[cfg(test)]

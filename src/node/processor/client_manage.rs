@@ -1,0 +1,42 @@
+//! RocketMQ's `ClientManageProcessor`: `HEART_BEAT` (34, a client names the consumer
+//! groups it belongs to) and `UNREGISTER_CLIENT` (35).
+//!
+//! Group membership is kept by the connection that sent the heartbeat: it ends when
+//! that connection closes, the client unregisters, or no heartbeat came for
+//! `client_expiry_ms` (RocketMQ: 120 s).
+
+use super::{NodeState, Reject, field, ok, reject};
+use crate::node::remoting::RemotingCommand;
+use crate::node::remoting::codes::*;
+use serde_json::Value;
+
+pub(super) fn heartbeat(
+    st: &NodeState,
+    req: &RemotingCommand,
+    conn: u64,
+) -> Result<RemotingCommand, Reject> {
+    let v: Value = serde_json::from_slice(&req.body)
+        .map_err(|e| reject(SYSTEM_ERROR, format!("bad heartbeat body: {e}")))?;
+    let client = v
+        .get("clientID")
+        .and_then(Value::as_str)
+        .ok_or_else(|| reject(SYSTEM_ERROR, "heartbeat without clientID"))?;
+    let groups: Vec<String> = v
+        .get("consumerDataSet")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("groupName").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect();
+    st.clients.heartbeat(conn, client, &groups);
+    Ok(ok(req))
+}
+
+pub(super) fn unregister(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+    let client = field(req, "clientID")?;
+    if let Some(g) = req.field("consumerGroup") {
+        st.clients.unregister(client, g);
+    }
+    Ok(ok(req))
+}

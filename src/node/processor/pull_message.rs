@@ -1,0 +1,307 @@
+//! RocketMQ's `PullMessageProcessor` (`PULL_MESSAGE`, 11; `LITE_PULL_MESSAGE`, 361) and
+//! its long polling, RocketMQ's `PullRequestHoldService`.
+//!
+//! * A pull maps the store's `GetStatus` to RocketMQ's pull codes and next-begin
+//!   offset as `PullMessageProcessor` does; a subscription (`tag1 || tag2`) filters
+//!   records by their `TAGS` property on the broker.
+//! * A pull with the commit-offset flag stores the group's offset before it reads.
+//! * Long polling: a pull with the suspend flag that finds nothing is held ([`Hold`])
+//!   until an arrival in its queue, its `suspendTimeoutMillis` (capped by
+//!   `max_suspend_ms`) or shutdown, then answered with what a pull finds then.
+//!   Holds are bounded by `max_held_pulls` (each costs a task, or a thread with
+//!   `network = "threads"`); beyond it a pull is answered at once.
+//! * A held pull looks again at least every second besides the arrival signals, as
+//!   RocketMQ's hold service checks every few seconds, and waits for the owning shard's
+//!   dispatch before each look, because a put returns before dispatch makes its record
+//!   visible to pulls.
+
+use super::{NodeState, Outcome, Reject, field, local_owner, num, opt_num, topic_conf};
+use crate::StoreOps;
+use crate::format::properties;
+use crate::message::GetStatus;
+use crate::node::remoting::RemotingCommand;
+use crate::node::remoting::codes::*;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// `PullMessageRequestHeader`, parsed.
+#[derive(Debug, Clone)]
+struct PullArgs {
+    group: String,
+    topic: String,
+    queue_id: i32,
+    offset: u64,
+    max: usize,
+    sys_flag: i32,
+    commit_offset: i64,
+    suspend_ms: u64,
+    /// Tags asked for; empty = every message.
+    tags: Vec<String>,
+}
+
+const PULL_FLAG_COMMIT_OFFSET: i32 = 1;
+const PULL_FLAG_SUSPEND: i32 = 2;
+/// Most messages one pull returns (RocketMQ caps at 32 by default; clients ask 32).
+const PULL_MAX_MESSAGES: usize = 1024;
+
+fn parse_pull(req: &RemotingCommand) -> Result<PullArgs, Reject> {
+    let topic = field(req, "topic")?.to_string();
+    let offset: i64 = num(req, "queueOffset")?;
+    let max: i64 = opt_num(req, "maxMsgNums")?.unwrap_or(32);
+    let sub = req.field("subscription").unwrap_or("*").trim();
+    let tags = if sub.is_empty() || sub == "*" {
+        Vec::new()
+    } else {
+        sub.split("||")
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect()
+    };
+    Ok(PullArgs {
+        group: req.field("consumerGroup").unwrap_or("").to_string(),
+        topic,
+        queue_id: num(req, "queueId")?,
+        offset: offset.max(0) as u64,
+        max: max.clamp(1, PULL_MAX_MESSAGES as i64) as usize,
+        sys_flag: opt_num(req, "sysFlag")?.unwrap_or(0),
+        commit_offset: opt_num(req, "commitOffset")?.unwrap_or(-1),
+        suspend_ms: opt_num::<i64>(req, "suspendTimeoutMillis")?
+            .unwrap_or(0)
+            .max(0) as u64,
+        tags,
+    })
+}
+
+/// Serves a pull: answers it, or holds it when it found nothing and may wait.
+pub(super) async fn pull(st: &NodeState, req: RemotingCommand) -> Outcome {
+    let args = match parse_pull(&req) {
+        Ok(a) => a,
+        Err((code, remark)) => {
+            return Outcome::Reply(RemotingCommand::response_to(&req, code, Some(remark)));
+        }
+    };
+    if args.sys_flag & PULL_FLAG_COMMIT_OFFSET != 0
+        && args.commit_offset >= 0
+        && !args.group.is_empty()
+    {
+        st.offsets.set(
+            &args.group,
+            &args.topic,
+            args.queue_id,
+            args.commit_offset as u64,
+        );
+    }
+    let seen = st.arrivals.seq(&args.topic, args.queue_id);
+    let resp = pull_once(st, &req, &args).await;
+    let suspend = args.sys_flag & PULL_FLAG_SUSPEND != 0 && args.suspend_ms > 0;
+    if resp.code == PULL_NOT_FOUND
+        && suspend
+        && st.cfg.long_polling
+        && !st.shutting.load(Ordering::SeqCst)
+    {
+        let (counted, before) = HeldGuard::take(&st.held);
+        // Beyond the limit the pull is answered at once (the guard un-counts it).
+        if before < st.cfg.max_held_pulls {
+            let hold_ms = args.suspend_ms.min(st.cfg.max_suspend_ms);
+            return Outcome::Hold(Hold {
+                _counted: counted,
+                req,
+                pull: args,
+                seen,
+                deadline: Instant::now() + Duration::from_millis(hold_ms),
+            });
+        }
+    }
+    Outcome::Reply(resp)
+}
+
+/// Whether a record's `TAGS` is among `tags`.
+fn tag_matches(raw: &Bytes, tags: &[String]) -> bool {
+    match crate::message::StoredMessage::decode(raw) {
+        Ok(m) => m
+            .property(properties::TAGS)
+            .is_some_and(|t| tags.iter().any(|x| x == t)),
+        Err(_) => false,
+    }
+}
+
+/// One attempt at a pull, mapped to RocketMQ's response as `PullMessageProcessor`.
+async fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> RemotingCommand {
+    let conf = match topic_conf(st, &a.topic, false) {
+        Ok(c) => c,
+        Err((code, remark)) => return RemotingCommand::response_to(req, code, Some(remark)),
+    };
+    if a.queue_id < 0 || a.queue_id >= conf.read_queue_nums.max(conf.write_queue_nums) {
+        return RemotingCommand::response_to(
+            req,
+            SYSTEM_ERROR,
+            Some(format!(
+                "queueId[{}] is illegal, topic:[{}] topicConfig.readQueueNums:[{}]",
+                a.queue_id, a.topic, conf.read_queue_nums
+            )),
+        );
+    }
+    let max_bytes = st.cfg.pull_max_bytes;
+    let got = match local_owner(&a.topic, a.queue_id) {
+        Some(store) => {
+            store
+                .get(&a.topic, a.queue_id, a.offset, a.max, max_bytes)
+                .await
+        }
+        None => {
+            st.handle
+                .get(&a.topic, a.queue_id, a.offset, a.max, max_bytes)
+                .await
+        }
+    };
+    let g = match got {
+        Ok(g) => g,
+        Err(e) => {
+            return RemotingCommand::response_to(req, SYSTEM_ERROR, Some(e.to_string()));
+        }
+    };
+    let records: Vec<Bytes> = if a.tags.is_empty() {
+        g.records
+    } else {
+        g.records
+            .into_iter()
+            .filter(|r| tag_matches(r, &a.tags))
+            .collect()
+    };
+    let (code, remark) = match g.status {
+        GetStatus::Found if records.is_empty() => (PULL_RETRY_IMMEDIATELY, "no matched message"),
+        GetStatus::Found => (SUCCESS, ""),
+        GetStatus::MessageWasRemoving | GetStatus::NoMatchedMessage => {
+            (PULL_RETRY_IMMEDIATELY, "retry immediately")
+        }
+        GetStatus::NoMatchedLogicQueue | GetStatus::NoMessageInQueue if a.offset != 0 => {
+            (PULL_OFFSET_MOVED, "the queue is empty; the offset moved")
+        }
+        GetStatus::NoMatchedLogicQueue | GetStatus::NoMessageInQueue => {
+            (PULL_NOT_FOUND, "no message in the queue")
+        }
+        GetStatus::OffsetFoundNull | GetStatus::OffsetOverflowOne => {
+            (PULL_NOT_FOUND, "no new message")
+        }
+        GetStatus::OffsetOverflowBadly | GetStatus::OffsetTooSmall => {
+            (PULL_OFFSET_MOVED, "the offset is out of the queue's range")
+        }
+    };
+    let mut resp =
+        RemotingCommand::response_to(req, code, (!remark.is_empty()).then(|| remark.to_string()))
+            .with_field("suggestWhichBrokerId", 0)
+            .with_field("nextBeginOffset", g.next_begin_offset)
+            .with_field("minOffset", g.min_offset)
+            .with_field("maxOffset", g.max_offset);
+    if code == SUCCESS {
+        let shard = st.handle.shard_of(&a.topic, a.queue_id);
+        let total: usize = records.iter().map(Bytes::len).sum();
+        let mut body = Vec::with_capacity(total);
+        for r in &records {
+            body.extend_from_slice(r);
+        }
+        st.metrics.gets[shard].fetch_add(records.len() as u64, Ordering::Relaxed);
+        st.metrics.get_bytes[shard].fetch_add(total as u64, Ordering::Relaxed);
+        resp.body = body.into();
+    }
+    resp
+}
+
+// ---------------------------------------------------------------------------------
+// long polling (RocketMQ's `PullRequestHoldService`)
+
+/// A pull waiting for its queue to move.
+pub(crate) struct Hold {
+    /// Counts this hold in `NodeState::held` while it lives.
+    _counted: HeldGuard,
+    req: RemotingCommand,
+    pull: PullArgs,
+    /// The queue's arrival counter read before the first attempt.
+    seen: u64,
+    deadline: Instant,
+}
+
+/// Decrements the count of held pulls when a hold ends (answered or dropped).
+struct HeldGuard(Arc<AtomicUsize>);
+
+impl HeldGuard {
+    /// Counts one more hold; returns the guard and the count before.
+    fn take(held: &Arc<AtomicUsize>) -> (HeldGuard, usize) {
+        let before = held.fetch_add(1, Ordering::SeqCst);
+        (HeldGuard(held.clone()), before)
+    }
+}
+
+impl Drop for HeldGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How a held pull waits: blocking its own thread, or as a task on a glommio executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    Blocking,
+    Glommio,
+}
+
+/// Waits up to `d` for a signal on `rx`; whether one came.
+async fn wait_signal(rx: &flume::Receiver<()>, d: Duration, how: Waiting) -> bool {
+    match how {
+        Waiting::Blocking => rx.recv_timeout(d).is_ok(),
+        Waiting::Glommio => {
+            futures_lite::future::or(async { rx.recv_async().await.is_ok() }, async {
+                glommio::timer::sleep(d).await;
+                false
+            })
+            .await
+        }
+    }
+}
+
+/// Waits until the shard owning the pulled queue has dispatched what it stored.
+async fn wait_dispatched(st: &NodeState, a: &PullArgs) {
+    if let Some(store) = local_owner(&a.topic, a.queue_id) {
+        return store.wait_dispatched().await;
+    }
+    let shard = st.handle.shard_of(&a.topic, a.queue_id);
+    let _ = st
+        .handle
+        .run_on(
+            shard,
+            |ctx| async move { ctx.store.wait_dispatched().await },
+        )
+        .await;
+}
+
+/// Serves a held pull: waits for an arrival in its queue (or the deadline), then
+/// answers with whatever a pull finds then.
+pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> RemotingCommand {
+    let a = &hold.pull;
+    let mut seen = hold.seen;
+    // A message put just before this pull may not have been dispatched yet.
+    wait_dispatched(st, a).await;
+    let resp = pull_once(st, &hold.req, a).await;
+    if resp.code != PULL_NOT_FOUND {
+        return resp;
+    }
+    loop {
+        let left = hold.deadline.saturating_duration_since(Instant::now());
+        let rx = st.arrivals.subscribe(&a.topic, a.queue_id, seen);
+        // Look again at least every second (RocketMQ's hold service also checks
+        // every few seconds besides the arrival notices).
+        let moved = wait_signal(&rx, left.min(Duration::from_secs(1)), how).await;
+        let done = st.shutting.load(Ordering::SeqCst) || Instant::now() >= hold.deadline;
+        if moved {
+            seen = st.arrivals.seq(&a.topic, a.queue_id);
+            // A put returns before dispatch makes the record visible to pulls.
+            wait_dispatched(st, a).await;
+        }
+        let resp = pull_once(st, &hold.req, a).await;
+        if resp.code != PULL_NOT_FOUND || done {
+            return resp;
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! RocketMQ's `SendMessageProcessor`: `SEND_MESSAGE` (10), `SEND_MESSAGE_V2` (310, the
+//! same header with one-letter names), `SEND_BATCH_MESSAGE` (320) and
+//! `CONSUMER_SEND_MSG_BACK` (36, a failed message stored again for redelivery).
+//!
+//! * A send to a topic not yet known creates it when `auto_create_topic` is on
+//!   (RocketMQ's `autoCreateTopicEnable`); a negative `queueId` picks the next write
+//!   queue round-robin.
+//! * A batch is one `put_batch` on one queue; the C++ client sends batches as code 10
+//!   with `batch = 1`, so that flag counts as well as code 320.
+//! * A stored put (`PutOk`, or `FlushDiskTimeout`: stored, durability not confirmed in
+//!   time) is answered with its code, `msgId` and `queueOffset`; any other status is
+//!   refused with RocketMQ's response code and a remark. Only a stored put signals the
+//!   queue's held pulls.
+//! * Sent back: `%RETRY%group` at once (delay levels need scheduled delivery, not
+//!   implemented), `%DLQ%group` once the message failed `maxReconsumeTimes` (16) times.
+
+use super::{
+    NodeState, Reject, field, local_owner, num, opt_num, reject, store_error, topic_conf,
+    valid_topic,
+};
+use crate::StoreOps;
+use crate::format::msg_id::MessageId;
+use crate::format::properties;
+use crate::message::{Message, PutResult, PutStatus};
+use crate::node::remoting::RemotingCommand;
+use crate::node::remoting::codes::*;
+use crate::node::state::PERM_WRITE;
+use crate::shard::shard_of_offset;
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+
+/// `SendMessageRequestHeaderV2`'s one-letter names.
+const V2_NAMES: [(&str, &str); 14] = [
+    ("a", "producerGroup"),
+    ("b", "topic"),
+    ("c", "defaultTopic"),
+    ("d", "defaultTopicQueueNums"),
+    ("e", "queueId"),
+    ("f", "sysFlag"),
+    ("g", "bornTimestamp"),
+    ("h", "flag"),
+    ("i", "properties"),
+    ("j", "reconsumeTimes"),
+    ("k", "unitMode"),
+    ("l", "maxReconsumeTimes"),
+    ("m", "batch"),
+    ("n", "brokerName"),
+];
+
+/// The request with V2 one-letter header names turned into the long ones.
+fn long_names(req: &RemotingCommand) -> RemotingCommand {
+    if req.field("topic").is_some() || req.field("b").is_none() {
+        return req.clone();
+    }
+    let mut r = req.clone();
+    for (k, _) in r.ext_fields.iter_mut() {
+        if let Some((_, long)) = V2_NAMES.iter().find(|(short, _)| short == k) {
+            *k = long.to_string();
+        }
+    }
+    r
+}
+
+fn parse_properties(s: &str) -> Vec<(String, String)> {
+    properties::iter(s.as_bytes())
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Maps a store status to RocketMQ's response code and remark.
+fn put_code(status: PutStatus) -> (i32, Option<String>) {
+    match status {
+        PutStatus::PutOk => (SUCCESS, None),
+        PutStatus::FlushDiskTimeout => (FLUSH_DISK_TIMEOUT, Some("flush disk timeout".into())),
+        PutStatus::MessageIllegal(why) => (
+            MESSAGE_ILLEGAL,
+            Some(format!("the message is illegal: {why:?}")),
+        ),
+        PutStatus::PropertiesSizeExceeded => (
+            MESSAGE_ILLEGAL,
+            Some("the message properties are too long (over 32767 bytes)".into()),
+        ),
+        PutStatus::ServiceNotAvailable => (
+            SERVICE_NOT_AVAILABLE,
+            Some("service not available now: the store is shutting down or failed".into()),
+        ),
+        PutStatus::DiskFull => (
+            SERVICE_NOT_AVAILABLE,
+            Some("service not available now: the broker's disk is full (over disk_full_ratio or under disk_min_free_bytes)".into()),
+        ),
+        PutStatus::CreateMappedFileFailed => (
+            SYSTEM_ERROR,
+            Some("create mapped file failed, server is busy or broken".into()),
+        ),
+    }
+}
+
+/// One message of a batch body: flag, body, properties.
+type BatchItem = (i32, Bytes, Vec<(String, String)>);
+
+/// Decodes a batch body (RocketMQ's `MessageDecoder.encodeMessages`): per message
+/// total size, magic, body CRC, flag (i32 each), body length (i32), body, properties
+/// length (i16), properties.
+fn decode_batch(body: &Bytes) -> Result<Vec<BatchItem>, Reject> {
+    let bad = |why: &str| reject(MESSAGE_ILLEGAL, format!("bad batch body: {why}"));
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    let be32 = |b: &[u8], at: usize| -> Option<i32> {
+        Some(i32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    while at < body.len() {
+        let total = be32(body, at).ok_or_else(|| bad("truncated size"))?;
+        if total < 22 || total as usize > body.len() - at {
+            return Err(bad("message size out of range"));
+        }
+        let end = at + total as usize;
+        let flag = be32(body, at + 12).ok_or_else(|| bad("truncated flag"))?;
+        let blen = be32(body, at + 16).ok_or_else(|| bad("truncated body length"))?;
+        let bstart = at + 20;
+        if blen < 0 || bstart + blen as usize + 2 > end {
+            return Err(bad("body length out of range"));
+        }
+        let bend = bstart + blen as usize;
+        let plen = i16::from_be_bytes([body[bend], body[bend + 1]]);
+        let pstart = bend + 2;
+        if plen < 0 || pstart + plen as usize != end {
+            return Err(bad("properties length does not match the message size"));
+        }
+        let props =
+            std::str::from_utf8(&body[pstart..end]).map_err(|_| bad("properties are not UTF-8"))?;
+        out.push((flag, body.slice(bstart..bend), parse_properties(props)));
+        at = end;
+    }
+    if out.is_empty() {
+        return Err(bad("no messages"));
+    }
+    Ok(out)
+}
+
+pub(super) async fn send(
+    st: &NodeState,
+    req: &RemotingCommand,
+    peer: SocketAddr,
+) -> Result<RemotingCommand, Reject> {
+    let h = long_names(req);
+    let topic = field(&h, "topic")?.to_string();
+    if !valid_topic(&topic) {
+        return Err(reject(
+            MESSAGE_ILLEGAL,
+            format!("topic {topic:?} is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})"),
+        ));
+    }
+    let conf = topic_conf(st, &topic, true)?;
+    if conf.perm & PERM_WRITE == 0 {
+        return Err(reject(
+            2, // NO_PERMISSION
+            format!("the topic[{topic}] sending message is forbidden"),
+        ));
+    }
+    let mut queue_id: i32 = num(&h, "queueId")?;
+    if queue_id < 0 {
+        queue_id =
+            (st.next_queue.fetch_add(1, Ordering::Relaxed) % conf.write_queue_nums as u64) as i32;
+    }
+    if queue_id >= conf.write_queue_nums {
+        return Err(reject(
+            SYSTEM_ERROR,
+            format!(
+                "request queueId[{queue_id}] is illegal, topic {topic} has {} write queues",
+                conf.write_queue_nums
+            ),
+        ));
+    }
+    let sys_flag: i32 = opt_num(&h, "sysFlag")?.unwrap_or(0);
+    let born: i64 = opt_num(&h, "bornTimestamp")?.unwrap_or_else(crate::now_ms);
+    let flag: i32 = opt_num(&h, "flag")?.unwrap_or(0);
+    let reconsume: i32 = opt_num(&h, "reconsumeTimes")?.unwrap_or(0);
+    let props = parse_properties(h.field("properties").unwrap_or(""));
+    let base = |flag: i32, body: Bytes, properties: Vec<(String, String)>| Message {
+        topic: topic.clone(),
+        queue_id,
+        flag,
+        body,
+        properties,
+        born_timestamp_ms: born,
+        born_host: peer,
+        sys_flag,
+        reconsume_times: reconsume,
+        prepared_transaction_offset: 0,
+    };
+    let shard = st.handle.shard_of(&topic, queue_id);
+    // The C++ client sends batches as SEND_MESSAGE with `batch = 1`.
+    let batch = req.code == SEND_BATCH_MESSAGE
+        || h.field("batch")
+            .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
+    let (result, ids, bytes, n) = if batch {
+        let msgs: Vec<Message> = decode_batch(&h.body)?
+            .into_iter()
+            .map(|(f, b, p)| base(f, b, p))
+            .collect();
+        let n = msgs.len() as u64;
+        let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
+        let began = std::time::Instant::now();
+        let rs = match local_owner(&topic, queue_id) {
+            Some(store) => vec![store.put_batch(&msgs).await],
+            None => st.handle.put_batch(msgs).await,
+        };
+        st.metrics.put_took(shard, began.elapsed());
+        let ids: Vec<String> = rs
+            .iter()
+            .flat_map(|r| r.msg_ids.iter().map(MessageId::to_string))
+            .collect();
+        let first = rs.into_iter().next().unwrap_or_else(|| PutResult {
+            status: PutStatus::ServiceNotAvailable,
+            log_offset: 0,
+            wrote_bytes: 0,
+            queue_offset: 0,
+            msg_ids: Vec::new(),
+            store_timestamp_ms: 0,
+        });
+        (first, ids.join(","), bytes, n)
+    } else {
+        let bytes = h.body.len() as u64;
+        let msg = base(flag, h.body.clone(), props);
+        let began = std::time::Instant::now();
+        let r = match local_owner(&topic, queue_id) {
+            Some(store) => store.put(msg).await,
+            None => st.handle.put(msg).await,
+        };
+        st.metrics.put_took(shard, began.elapsed());
+        let ids = r.msg_ids.first().map(|i| i.to_string()).unwrap_or_default();
+        (r, ids, bytes, 1)
+    };
+    let (code, remark) = put_code(result.status);
+    if !result.status.is_stored() {
+        return Err(reject(code, remark.unwrap_or_default()));
+    }
+    st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
+    st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
+    st.arrivals.arrived(&topic, queue_id);
+    Ok(RemotingCommand::response_to(req, code, remark)
+        .with_field("msgId", ids)
+        .with_field("queueId", queue_id)
+        .with_field("queueOffset", result.queue_offset)
+        .with_field("MSG_REGION", "DefaultRegion")
+        .with_field("TRACE_ON", "true"))
+}
+
+/// Most deliveries before a message goes to the group's dead-letter topic
+/// (RocketMQ's `maxReconsumeTimes` default).
+const MAX_RECONSUME_TIMES: i32 = 16;
+
+/// `CONSUMER_SEND_MSG_BACK`: a consumer failed a message; store it again in the
+/// group's retry topic (`%RETRY%group`), or its dead-letter topic (`%DLQ%group`) once
+/// it failed `maxReconsumeTimes` times. Delay levels are not honoured yet (the retry
+/// is visible at once): scheduled delivery is not implemented.
+pub(super) async fn send_back(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
+    let offset: i64 = num(req, "offset")?;
+    let group = field(req, "group")?;
+    let max_times: i32 = opt_num(req, "maxReconsumeTimes")?.unwrap_or(MAX_RECONSUME_TIMES);
+    let not_found = || {
+        reject(
+            SYSTEM_ERROR,
+            format!("look message by offset failed, {offset}"),
+        )
+    };
+    if offset < 0 {
+        return Err(not_found());
+    }
+    let shard = shard_of_offset(offset as u64);
+    if shard >= st.handle.shards() {
+        return Err(not_found());
+    }
+    let m = st
+        .handle
+        .look_by_offset(offset as u64)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(not_found)?;
+    let times = m.reconsume_times + 1;
+    let topic = if times > max_times {
+        format!("%DLQ%{group}")
+    } else {
+        format!("%RETRY%{group}")
+    };
+    if !valid_topic(&topic) {
+        return Err(reject(
+            SYSTEM_ERROR,
+            format!("invalid retry topic {topic:?}"),
+        ));
+    }
+    topic_conf(st, &topic, true)?;
+    let mut props = m.properties.clone();
+    let mut set = |name: &str, value: String, overwrite: bool| match props
+        .iter_mut()
+        .find(|(n, _)| n == name)
+    {
+        Some((_, v)) if overwrite => *v = value,
+        Some(_) => {}
+        None => props.push((name.to_string(), value)),
+    };
+    set("RETRY_TOPIC", m.topic.clone(), false);
+    let origin = req
+        .field("originMsgId")
+        .map(str::to_string)
+        .or_else(|| m.msg_id.map(|i| i.to_string()))
+        .unwrap_or_default();
+    set("ORIGIN_MESSAGE_ID", origin, false);
+    let msg = Message {
+        topic: topic.clone(),
+        queue_id: 0,
+        flag: m.flag,
+        body: m.body.clone(),
+        properties: props,
+        born_timestamp_ms: m.born_timestamp_ms,
+        born_host: m.born_host,
+        sys_flag: m.sys_flag,
+        reconsume_times: times,
+        prepared_transaction_offset: 0,
+    };
+    let r = st.handle.put(msg).await;
+    let (code, remark) = put_code(r.status);
+    if !r.status.is_stored() {
+        return Err(reject(code, remark.unwrap_or_default()));
+    }
+    st.arrivals.arrived(&topic, 0);
+    Ok(RemotingCommand::response_to(req, code, remark))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode_batch(msgs: &[(i32, &[u8], &str)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (flag, body, props) in msgs {
+            let size = 20 + body.len() + 2 + props.len();
+            out.extend_from_slice(&(size as i32).to_be_bytes());
+            out.extend_from_slice(&[0; 8]); // magic, body CRC
+            out.extend_from_slice(&flag.to_be_bytes());
+            out.extend_from_slice(&(body.len() as i32).to_be_bytes());
+            out.extend_from_slice(body);
+            out.extend_from_slice(&(props.len() as i16).to_be_bytes());
+            out.extend_from_slice(props.as_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn batch_round_trip() {
+        let wire = encode_batch(&[(1, b"a", "KEYS\u{1}k\u{2}"), (0, b"", "")]);
+        let got = decode_batch(&Bytes::from(wire)).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, 1);
+        assert_eq!(&got[0].1[..], b"a");
+        assert_eq!(got[0].2, vec![("KEYS".to_string(), "k".to_string())]);
+        assert!(got[1].1.is_empty());
+        assert!(decode_batch(&Bytes::new()).is_err());
+    }
+
+    #[test]
+    fn v2_names_become_long_names() {
+        let req = RemotingCommand::request(
+            SEND_MESSAGE_V2,
+            1,
+            vec![("b".into(), "T".into()), ("e".into(), "3".into())],
+        );
+        let long = long_names(&req);
+        assert_eq!(long.field("topic"), Some("T"));
+        assert_eq!(long.field("queueId"), Some("3"));
+    }
+
+    proptest! {
+        #[test]
+        fn batch_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_batch(&Bytes::from(bytes));
+        }
+
+        #[test]
+        fn batch_decoder_never_panics_on_damaged_batches(
+            body in proptest::collection::vec(any::<u8>(), 0..40),
+            at in 0usize..80,
+            value in any::<u8>(),
+        ) {
+            let mut wire = encode_batch(&[(0, &body, "KEYS\u{1}x\u{2}"), (0, b"b", "")]);
+            let i = at % wire.len();
+            wire[i] = value;
+            let _ = decode_batch(&Bytes::from(wire));
+        }
+    }
+}
