@@ -69,9 +69,8 @@ impl Store {
             r.next_begin_offset = offset + epf - offset % epf;
             return Ok(r);
         }
-        // Take entries while the byte budget allows (at least one), then read their
-        // records with as few log reads as possible: entries of one queue usually sit
-        // close together in the log, so nearby records share one read.
+        // Take entries while the byte budget allows (at least one); the CommitLog plans
+        // the reads of their records.
         let log_min = inner.log.min_offset();
         let mut taken = Vec::with_capacity(entries.len());
         let mut bytes = 0usize;

@@ -3,9 +3,9 @@
 //! lag), with store timestamps that never go backwards in log order.
 //!
 //! Invariants: from the offset assignment to the append nothing awaits, so records
-//! land in queue-offset order; an async put awaits no I/O (it only yields when its
-//! task queue's slice is used up); a sync put returns `PutOk` only once `flushed`
-//! covers its end.
+//! land in queue-offset order; an async put issues no I/O (it waits only for a free
+//! write window, for dispatch to come within `max_dispatch_lag_bytes`, or for its task
+//! queue's next slice); a sync put returns `PutOk` only once `flushed` covers its end.
 //!
 //! Decisions:
 //! * Properties are encoded once, into scratch buffers kept across puts, to learn each
