@@ -149,6 +149,7 @@
 
 pub mod group_commit;
 pub mod read_cache;
+mod read_plan;
 
 use crate::commit_log::group_commit::{Flusher, Layout};
 use crate::config::{FlushMode, StoreConfig, SyncFlushIo};

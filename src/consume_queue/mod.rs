@@ -1,5 +1,7 @@
-//! One ConsumeQueue: the per-(topic, queue) index of the CommitLog, RocketMQ's files
-//! under `consumequeue/<topic>/<queueId>/` (20-byte entries, named by byte position).
+//! One ConsumeQueue: RocketMQ's `ConsumeQueue`, the per-(topic, queue) index of the
+//! CommitLog in RocketMQ's files under `consumequeue/<topic>/<queueId>/` (20-byte
+//! entries, files named by byte position). The shard's queues together are the
+//! `QueueTable` (`table.rs`).
 //!
 //! Entries are appended to an in-memory tail that starts at a page boundary of the
 //! current file; a flush writes the tail's pages with direct I/O (the partial last
@@ -16,6 +18,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
+
+mod table;
+pub(crate) use table::{QueueTable, manifest_path};
 
 const E: u64 = ENTRY_LEN as u64;
 
@@ -433,47 +438,63 @@ mod tests {
         }
     }
 
-    #[test]
-    fn append_flush_read_reload() {
+    /// Queue 0 of topic "T", 1000 entries per file, on the real disk.
+    fn queue(root: &std::path::Path) -> ConsumeQueue {
+        ConsumeQueue::new(root, "T", 0, 1000, Disk::Real)
+    }
+
+    /// Runs `test` on a fresh executor, on a temporary root.
+    fn on_executor<F, Fut>(test: F)
+    where
+        F: FnOnce(PathBuf) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + 'static,
+    {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(move || async move {
                 crate::io::prime_executor(&root).await.unwrap();
-                let cq = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
-                for i in 0..2500u64 {
-                    assert_eq!(cq.put(i, entry(i), false), Placed::Appended);
-                    if i % 97 == 0 {
-                        cq.flush().await.unwrap();
-                    }
-                    if i % 13 == 0 {
-                        let back = cq.entries(i.saturating_sub(300), 500).await.unwrap();
-                        for (k, e) in back.iter().enumerate() {
-                            assert_eq!(*e, entry(i.saturating_sub(300) + k as u64), "at {i}");
-                        }
-                    }
-                }
-                assert_eq!(cq.put(5, entry(5), false), Placed::Duplicate);
-                assert_eq!(
-                    cq.put(2501, entry(5), false),
-                    Placed::Gap { expected: 2500 }
-                );
-                cq.flush().await.unwrap();
-                let cq2 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
-                cq2.load(0, 2500 * 100).await.unwrap();
-                assert_eq!(cq2.max_offset(), 2500);
-                // Entries pointing past the log end are dropped at load.
-                let cq3 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
-                cq3.load(0, 2000 * 100 + 50).await.unwrap();
-                assert_eq!(cq3.max_offset(), 2000);
-                for q in (0..2000).step_by(111) {
-                    assert_eq!(cq3.entry(q).await.unwrap(), Some(entry(q)));
-                }
-                assert_eq!(cq3.put(2000, entry(2000), false), Placed::Appended);
+                test(root).await
             })
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn append_flush_read_reload() {
+        on_executor(|root| async move {
+            let cq = queue(&root);
+            for i in 0..2500u64 {
+                assert_eq!(cq.put(i, entry(i), false), Placed::Appended);
+                if i % 97 == 0 {
+                    cq.flush().await.unwrap();
+                }
+                if i % 13 == 0 {
+                    let back = cq.entries(i.saturating_sub(300), 500).await.unwrap();
+                    for (k, e) in back.iter().enumerate() {
+                        assert_eq!(*e, entry(i.saturating_sub(300) + k as u64), "at {i}");
+                    }
+                }
+            }
+            assert_eq!(cq.put(5, entry(5), false), Placed::Duplicate);
+            assert_eq!(
+                cq.put(2501, entry(5), false),
+                Placed::Gap { expected: 2500 }
+            );
+            cq.flush().await.unwrap();
+            let cq2 = queue(&root);
+            cq2.load(0, 2500 * 100).await.unwrap();
+            assert_eq!(cq2.max_offset(), 2500);
+            // Entries pointing past the log end are dropped at load.
+            let cq3 = queue(&root);
+            cq3.load(0, 2000 * 100 + 50).await.unwrap();
+            assert_eq!(cq3.max_offset(), 2000);
+            for q in (0..2000).step_by(111) {
+                assert_eq!(cq3.entry(q).await.unwrap(), Some(entry(q)));
+            }
+            assert_eq!(cq3.put(2000, entry(2000), false), Placed::Appended);
+        });
     }
 
     /// A kill inside `load`, between cutting the last file back after its tail page
@@ -481,41 +502,34 @@ mod tests {
     /// crash loop, tests/crash_loop.rs): the next load must take it, entries intact.
     #[test]
     fn load_accepts_a_last_file_cut_short_by_a_crash() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().to_path_buf();
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(move || async move {
-                crate::io::prime_executor(&root).await.unwrap();
-                let cq = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
-                for i in 0..2500u64 {
-                    assert_eq!(cq.put(i, entry(i), false), Placed::Appended);
-                }
-                cq.flush().await.unwrap();
-                let qdir = root.join("consumequeue/T/0");
-                let last = qdir.join(io::offset_name(2000 * E));
-                // 500 entries (10,000 bytes): the tail page is [8192, 12288).
-                let set_len = |path: &std::path::Path, len: u64| {
-                    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-                    f.set_len(len).unwrap();
-                };
-                set_len(&last, 3 * PAGE as u64);
-                let cq2 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
-                cq2.load(0, u64::MAX).await.unwrap();
-                assert_eq!(cq2.max_offset(), 2500);
-                assert_eq!(std::fs::metadata(&last).unwrap().len(), 1000 * E);
-                for q in (0..2500).step_by(97) {
-                    assert_eq!(cq2.entry(q).await.unwrap(), Some(entry(q)));
-                }
-                // A short file that is not the last one is still refused.
-                set_len(&qdir.join(io::offset_name(1000 * E)), 2 * PAGE as u64);
-                let cq3 = ConsumeQueue::new(&root, "T", 0, 1000, Disk::Real);
-                assert!(matches!(
-                    cq3.load(0, u64::MAX).await,
-                    Err(Error::BadLayout { .. })
-                ));
-            })
-            .unwrap()
-            .join()
-            .unwrap();
+        on_executor(|root| async move {
+            let cq = queue(&root);
+            for i in 0..2500u64 {
+                assert_eq!(cq.put(i, entry(i), false), Placed::Appended);
+            }
+            cq.flush().await.unwrap();
+            let qdir = root.join("consumequeue/T/0");
+            let last = qdir.join(io::offset_name(2000 * E));
+            // 500 entries (10,000 bytes): the tail page is [8192, 12288).
+            let set_len = |path: &std::path::Path, len: u64| {
+                let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                f.set_len(len).unwrap();
+            };
+            set_len(&last, 3 * PAGE as u64);
+            let cq2 = queue(&root);
+            cq2.load(0, u64::MAX).await.unwrap();
+            assert_eq!(cq2.max_offset(), 2500);
+            assert_eq!(std::fs::metadata(&last).unwrap().len(), 1000 * E);
+            for q in (0..2500).step_by(97) {
+                assert_eq!(cq2.entry(q).await.unwrap(), Some(entry(q)));
+            }
+            // A short file that is not the last one is still refused.
+            set_len(&qdir.join(io::offset_name(1000 * E)), 2 * PAGE as u64);
+            let cq3 = queue(&root);
+            assert!(matches!(
+                cq3.load(0, u64::MAX).await,
+                Err(Error::BadLayout { .. })
+            ));
+        });
     }
 }
