@@ -77,9 +77,7 @@ impl CommitLog {
                 r?;
             }
         }
-        self.committed_ts.set(ts);
-        self.committed.set(target);
-        self.prewrite_wake.notify();
+        self.advance(target, ts, false);
         // Keep one segment ahead so the commit path rarely creates files.
         self.ensure_segment(last_seg + self.seg_bytes).await?;
         Ok(true)

@@ -217,11 +217,7 @@ impl CommitLog {
         for r in join_all(writes).await {
             self.round_bufs.borrow_mut().push(r?);
         }
-        self.committed_ts.set(ts);
-        self.committed.set(target);
-        self.flushed_ts.set(ts);
-        self.flushed.set(target);
-        self.prewrite_wake.notify();
+        self.advance(target, ts, true);
         // Keep one segment ahead so rounds rarely create files.
         self.ensure_segment(last_seg + self.seg_bytes).await?;
         Ok(true)

@@ -23,7 +23,7 @@
 //! * Puts take in finished rounds themselves ([`GroupCommit::publish`] returns the
 //!   durable position): the woken writer task ran only ~760 us apart while rounds ended
 //!   ~330 us apart.
-//! * Gathering (at most half the last round's I/O time, at most [`GATHER_MAX`]) when
+//! * Gathering (at most half the last round's I/O time, at most `GATHER_MAX`) when
 //!   fewer than half the last round's bytes wait: 204-245 k msg/s against 189-224 k
 //!   without (2 shards x 128 outstanding).
 //! * One round in flight per shard: two threads with rounds of whole pages gave
@@ -424,18 +424,8 @@ impl CommitLog {
                 p.get(idx).expect("published bytes are resident").ptr()
             })
         };
-        self.absorb_flushed(flushed, ts);
-    }
-
-    /// Moves `committed` and `flushed` to a position the group-commit thread made
-    /// durable (waking the puts waiting for it).
-    fn absorb_flushed(&self, flushed: u64, ts: i64) {
         if flushed > self.flushed.get() {
-            self.committed_ts.set(ts);
-            self.committed.set(flushed);
-            self.flushed_ts.set(ts);
-            self.flushed.set(flushed);
-            self.prewrite_wake.notify();
+            self.advance(flushed, ts, true);
         }
     }
 

@@ -12,7 +12,7 @@
 //!   prefix) by the next commit;
 //! * **flushed**: an fdatasync (or a `RWF_DSYNC` write) covered every byte below it.
 //!
-//! `committed` and `flushed` are [`OffsetWatch`]es: puts, the dispatcher and the buffer
+//! `committed` and `flushed` are `OffsetWatch`es: puts, the dispatcher and the buffer
 //! pool wait on them. All three only grow while the log is open; recovery sets them once,
 //! to the end it keeps. A write buffer is recycled only once wholly committed, so a byte
 //! that is not resident is in its segment file; bytes below the page of `committed` never
@@ -225,6 +225,19 @@ impl CommitLog {
                 blank_at: None,
             }
         }
+    }
+
+    /// Moves `committed` to `target`, and `flushed` with it when the bytes are durable,
+    /// stamped with the store timestamp `ts` of the record ending there (waking the
+    /// puts and tasks waiting for them); the prewriter follows.
+    fn advance(&self, target: u64, ts: i64, durable: bool) {
+        self.committed_ts.set(ts);
+        self.committed.set(target);
+        if durable {
+            self.flushed_ts.set(ts);
+            self.flushed.set(target);
+        }
+        self.prewrite_wake.notify();
     }
 
     /// Asks the writer to commit and flush everything now.
