@@ -1,41 +1,22 @@
-//! Tiny single-threaded wake-up primitives for tasks on one shard executor, and the
-//! executor heartbeat that keeps glommio from sleeping with runnable tasks. Nothing
-//! here is `Send`: a shard's state is only ever touched by its own thread.
+//! The shard's single-thread wake-up primitives, and the executor heartbeat:
+//! * [`Notify`] wakes one background task (the writer, the dispatcher); a notification
+//!   that arrives while the task is busy is remembered, so none is lost;
+//! * [`OffsetWatch`] is a growing offset many tasks wait on ("flushed is at least X"),
+//!   with deadlines its owner expires in batches instead of a timer per wait: the
+//!   CommitLog's `committed` and `flushed` positions;
+//! * [`join_all`] polls futures concurrently on the current task;
+//! * [`heartbeat`] keeps glommio 0.9 from sleeping with runnable tasks.
 //!
-//! # Executor heartbeat: what hung and why
+//! Nothing here but the heartbeat's thread side is `Send`: a shard's state is only ever
+//! touched by its own thread.
 //!
-//! Under load (load average 7-13 on 2 CPUs) stores hung for good with the executor
-//! thread parked in `io_cqring_wait`: about 3 in 20 `coremq bench --mode catch-up`
-//! runs inside `Store::open`, and a 10M-key `coremq bench` whose dispatcher stopped
-//! with 240 MB to go at shutdown. Nothing in our wake-ups was lost: the tasks had been
-//! woken and were runnable. glommio 0.9 (the latest release) put the executor to sleep
-//! with them still queued. Its loop is: poll I/O and arm the preemption timer, run
-//! the task queues, and park when they ran nothing. But `run_task_queues` checks for
-//! preemption *before* running the first queue and then reports "ran nothing" exactly
-//! as if no queue was active, so when the thread lost the CPU for longer than the
-//! preemption timer between arming it and that first check (5 ms under `coremq bench`,
-//! 1 ms with a sync-flush store's `Latency::Matters` writer, easily exceeded on a
-//! loaded machine), the executor parked with runnable tasks. It then sleeps until an
-//! I/O completion, a timer or a wake from another thread comes. While a store runs,
-//! its background tasks' timers end such a stall within 100 ms to 1 s; during an open
-//! (and at the end of a shutdown) nothing is pending between two steps, so it never
-//! woke. The glommio fix (do not park after a preemption that ran nothing) is not in
-//! any release.
-//!
-//! [`heartbeat`] bounds it from our side: a thread wakes a task of the executor every
-//! [`HEARTBEAT`], which ends any sleep of the executor, and the next loop runs the
-//! stranded tasks: an unlucky preemption now costs about one heartbeat. (Glommio
-//! timers are not enough: a fired timer is re-armed only when its task runs, and that
-//! task can be the one stranded: with one timer 2 of 3 runs of the test below still
-//! hung, with four kept registered 1 of 6 under extra load.) `Store::open` starts one
-//! before its first I/O and the store keeps it until its last task ends. Idle, it
-//! costs one wake per [`HEARTBEAT`] and a sleeping thread per store.
-//!
-//! `tests/liveness.rs` deschedules the executor thread at such moments on purpose (a
-//! SCHED_FIFO thread on its CPU takes it for 3 ms, longer than its 1 ms preemption
-//! timer, shortly after it used some CPU): without the heartbeat the first open or
-//! shutdown hung in 8 of 8 runs, after 29-133 bursts; with it, 6 of 6 runs did their
-//! 30 open/shutdown cycles (3 of them with an extra CPU hog).
+//! The heartbeat: glommio 0.9's executor can park with runnable tasks when its thread
+//! was descheduled for longer than the preemption timer (its `run_task_queues` reports
+//! a preemption before the first queue as "ran nothing"), and during an open or a
+//! shutdown nothing else wakes it. A thread waking a task of the executor every
+//! [`HEARTBEAT`] (10 ms) bounds such a stall: `tests/liveness.rs` hung in 8 of 8 runs
+//! without it, in none of 6 with it. What hung and why, and what was tried first:
+//! `docs/performance/commit_log.md`, "Executor heartbeat".
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -84,10 +65,10 @@ impl Drop for Heartbeat {
 ///
 /// A thread wakes a parked task of this executor every [`HEARTBEAT`]: a wake from
 /// another thread always ends the executor's sleep (glommio writes its eventfd) and
-/// needs nothing from the executor to be armed again. (A first version kept glommio
-/// timers registered from a task; a fired timer is gone until its task runs again,
-/// and that task can be stranded like any other: `tests/liveness.rs` still hung with
-/// it, about 1 run in 5 under extra load.)
+/// needs nothing from the executor to be armed again. Glommio timers do not do: a
+/// fired timer is gone until its task runs again, and that task can be the stranded
+/// one. `Store::open` starts one before its first I/O; the store keeps it until its
+/// last task ends.
 pub fn heartbeat() -> Heartbeat {
     use std::sync::atomic::Ordering::SeqCst;
     let beat = std::sync::Arc::new(Beat::default());

@@ -1,82 +1,45 @@
-//! The sync-flush group-commit thread: RocketMQ's `GroupCommitService`, with direct
-//! I/O instead of an mmap `force()`.
+//! Sync flush's group commit: RocketMQ's `GroupCommitService`, with direct I/O and a
+//! `pwritev2(RWF_DSYNC)` instead of an mmap `force()`.
 //!
-//! One thread per shard makes the log durable as fast as the disk allows: it takes
-//! everything appended so far, writes it with one `pwritev2(RWF_DSYNC)` straight
-//! from the shard's write windows (no copy; only the partial last page is copied, to
-//! pad it with zeros), publishes the new flushed offset, wakes the shard, and starts
-//! the next round at once with whatever was appended meanwhile. The shard never
-//! schedules a round: it publishes `written` after each append and reads `flushed`
-//! back.
+//! With `sync_flush_io = DsyncWrite` on the real disk, one thread per shard makes the
+//! log durable as fast as the disk allows: it takes everything appended so far, writes
+//! it with one `pwritev2(RWF_DSYNC)` straight from the shard's write buffers (no copy;
+//! only the partial last page is copied, to pad it with zeros), publishes the new
+//! flushed offset, wakes the shard, and starts the next round at once with whatever was
+//! appended meanwhile. The shard never schedules a round: each sync put publishes
+//! `written` ([`CommitLog::wake_sync_writer`]) and reads `flushed` back, and the writer
+//! task only keeps segments open ahead of the thread and takes in its progress when the
+//! shard is idle. On the simulated disk, and with `RingWriteFdatasync`, the writer task
+//! runs the rounds itself (`flush.rs`).
 //!
-//! Why a thread that takes the rounds itself (measured 2026-12-03 on this 2-CPU VM,
-//! `coremq bench --flush sync --body 1024 --queues 64 --outstanding 256 --shards 1`,
-//! with temporary per-round timing): when the shard's writer task started each round,
-//! rounds went lock-step with the CPU. After a round's acknowledgements every
-//! producer re-put before the writer task ran again (a local wake does not preempt
-//! the running task queue), so a round of all 256 puts was followed by ~700-850 us of
-//! encoding with the disk idle, then ~550-650 us of I/O with the CPU idle: ~120,000
-//! msg/s. Letting the first put after a round yield to the writer made rounds
-//! alternate between one put and all the others (the small round's completion waited
-//! ~200 us for the busy executor): no better. Here rounds run back to back (the
-//! thread's idle time between rounds: p50 1-2 us).
+//! Decisions, each measured (`docs/performance/commit_log.md`, "Sync flush"):
+//! * A thread, not the io_uring ring: glommio submits a ring request only at the
+//!   executor's next I/O poll, which under load waits for a burst of puts, so rounds
+//!   went lock-step with the CPU (~120,000 msg/s, 1 shard x 256 outstanding); the thread
+//!   runs rounds back to back (idle between rounds: p50 1-2 us).
+//! * The per-put traffic goes through atomics, and only the first publish after the
+//!   thread parked notifies: one mutex cost ~940 futex calls a second and 1.5 ms put
+//!   waits for 0.3 ms rounds.
+//! * Puts take in finished rounds themselves ([`GroupCommit::publish`] returns the
+//!   durable position): the woken writer task ran only ~760 us apart while rounds ended
+//!   ~330 us apart.
+//! * Gathering (at most half the last round's I/O time, at most `GATHER_MAX`) when
+//!   fewer than half the last round's bytes wait: 204-245 k msg/s against 189-224 k
+//!   without (2 shards x 128 outstanding).
+//! * One round in flight per shard: two threads with rounds of whole pages gave
+//!   207-286 k against 272-329 k msg/s. The thread inherits its shard's CPU: a wake-up
+//!   on the same CPU is the cheaper one (lone put p50 288-365 us against 310-560 us).
 //!
-//! What it took besides (same instrumentation):
-//! * The per-put traffic (`written` out, `flushed` back) goes through atomics. Under
-//!   one mutex the shard made ~940 futex calls a second, and puts waited 1.5 ms
-//!   (p50) from publishing to their acknowledgement while rounds took ~0.3 ms.
-//! * Puts pick up finished rounds themselves ([`Flusher::publish`] returns the
-//!   durable position): the writer task, woken by the thread, ran only when the busy
-//!   producers' task queue yielded, ~760 us apart while rounds ended ~330 us apart.
-//! * Gathering (see `run`): rounds alternated between a few puts and nearly all of
-//!   them, and the shard sat idle during the big ones. Four interleaved pairs, 2
-//!   shards x 128 outstanding: 189-224 k msg/s without, 204-245 k with.
-//!
-//! Where it stands: the old and new paths interleaved (`README.md`, "Measured") are
-//! within this machine's run-to-run noise at 2 shards, ahead at 1 shard. Raising
-//! this thread's priority (`nice -15`) cut its write time's p90 from ~1.1 ms to
-//! ~0.4 ms but not the put rate; not kept.
-//!
-//! What bounds 2 shards x 256 outstanding (measured 2026-12-03, second session,
-//! `coremq bench --flush sync --body 1024 --queues 64`, 4 s runs interleaved, with
-//! temporary per-round counters): the round trip, not the CPU alone. Each thread
-//! spent ~80% of its time in `pwritev2` (rounds of 80-150 KB, p50 0.27-0.58 ms, p90
-//! ~1 ms), ~10% gathering and ~5-10% parked; a put waits on average for the rest of
-//! the round in flight and then its own (p50 ~1.1 ms). More outstanding puts make
-//! bigger rounds for the same round trips: 512 per shard gave 376-382 k msg/s, 1024
-//! gave 369-511 k (256: ~285 k in the same minutes), at less CPU per message (4.2
-//! and 3.4 us against 5.2). Tried on top and dropped:
-//! * two rounds in flight per shard (two threads; rounds of whole pages so they
-//!   never share a page, a padded round alone): 6-8 interleaved pairs, 207-286 k
-//!   against 272-329 k msg/s with one, and +0.7 us CPU per message: the rounds got
-//!   smaller and more numerous (futex calls 14 k/s against 0.75 k/s, twice the
-//!   context switches), and fio shows why the disk gives little back: 2 x 128 KiB
-//!   `O_DSYNC` writers 690 MB/s, 4 x 64 KiB 423-617 MB/s. Whole-page rounds with
-//!   one thread (the partial page left to the next round instead of rewritten):
-//!   298.9 k against 297.3 k msg/s over 8 pairs, no change.
-//! * waiting for the round by polling `flushed` from the writer task instead of
-//!   parking the executor (saves the wake-up and glommio's `membarrier` per sleep):
-//!   184-236 k against 177-288 k msg/s, with or without `sched_yield` in the loop:
-//!   the spinning shards take the CPUs these threads and the interrupts need.
-//! * prewrite off (`--prewrite-mib 0`), 6 pairs: 277 k against 286 k msg/s, more
-//!   CPU per message; p99 a little lower.
-//! * for a lone put (1 outstanding, 1 shard), spinning 50 or 150 us on `written`
-//!   before parking: put p50 323-344 us without, 397-463 us with (4 interleaved
-//!   runs each): the spinning thread takes a CPU the shard's wake-up needs.
-//! * the thread runs on its shard's CPU (it inherits the shard thread's
-//!   affinity). Allowed both CPUs, or only the other one: 2 x 256 outstanding
-//!   361 k against 366 k msg/s over 5 pairs (no change); a lone put p50 310-468 and
-//!   326-560 us against 288-365 us (4 interleaved runs): a wake-up on the same CPU
-//!   is the cheaper one.
-//!
-//! What did help was CPU per put on the shard: the load generator's message reuse
-//! (`loadgen` module docs), 297 k -> 318 k msg/s over 6 pairs.
-//!
-//! Sharing the windows with this thread is safe because of what the shard
-//! guarantees: bytes below the published `written` are never modified again, and a
-//! window's buffer is recycled only after `flushed` (as read back from here) has
-//! passed its end, so no round in flight reads it. The thread only ever reads window
-//! memory, and only below `written`; the shard only writes at or past `written`.
+//! Invariants: rounds never overlap (a round rewrites the previous round's last page,
+//! and two in-flight writes of a page land in either order); a round ends at a
+//! published `written` or a segment's end, both record boundaries, so `flushed` is one;
+//! no round reaches into a range the prewriter is writing. Sharing the buffers with
+//! this thread is safe because of what the shard guarantees: bytes below the published
+//! `written` are never modified again, and a buffer is recycled only after `flushed`
+//! (as read back from here) has passed its end, so no round in flight reads it. The
+//! thread only ever reads buffer memory, and only below `written`; the shard only writes
+//! at or past `written`. The shard stops and joins the thread before it frees the
+//! buffers (`Drop`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -86,23 +49,27 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
+use super::CommitLog;
+use crate::error::{Error, Result};
 use crate::io::{AlignedBuf, PAGE, align_down, align_up, pwritev_dsync};
+use std::rc::Rc;
 
 /// The longest a round waits to gather more puts (see `run`).
 const GATHER_MAX: Duration = Duration::from_micros(250);
 
-/// A window's memory as the thread sees it (the shard owns it; see the module docs).
+/// A write buffer's memory as the thread sees it (the shard owns it; see the module docs).
 #[derive(Clone, Copy)]
-struct WinPtr(*const u8);
+struct BufPtr(*const u8);
 // SAFETY: only read by the thread, below `written`, while the shard keeps the buffer
 // alive and unmodified there (module docs).
-unsafe impl Send for WinPtr {}
+unsafe impl Send for BufPtr {}
 
-/// What changes rarely (new windows and segments) and the parking handshake.
+/// What changes rarely (new buffers and segments) and the parking handshake.
 #[derive(Default)]
 struct State {
-    /// Window index -> memory (entries below `flushed`'s window may be stale).
-    windows: BTreeMap<u64, WinPtr>,
+    /// Window index (log offset / `buf_bytes`) -> its buffer's memory (entries below
+    /// `flushed`'s window may be stale).
+    buffers: BTreeMap<u64, BufPtr>,
     /// Segment start -> descriptor.
     segments: BTreeMap<u64, Arc<OwnedFd>>,
     /// A range being zero-filled ahead of the log: rounds must not reach into it.
@@ -114,10 +81,9 @@ struct State {
     waker: Option<Waker>,
 }
 
-/// The per-put traffic goes through atomics: the shard publishes `written` after
-/// every put and reads `flushed` back. (With both under one mutex the shard blocked
-/// on it while the thread held it across its wake-ups: ~940 futex calls a second,
-/// the shard idle half the time with puts waiting 1.5 ms for rounds of 0.3 ms.)
+/// What the shard and the thread share. The per-put traffic goes through atomics: the
+/// shard publishes `written` after every put and reads `flushed` back (with both under
+/// one mutex the shard blocked on it while the thread held it across its wake-ups).
 struct Shared {
     /// Published by the shard: every byte below is final.
     written: AtomicU64,
@@ -140,15 +106,15 @@ impl Shared {
 #[derive(Clone, Copy)]
 pub struct Layout {
     pub seg_bytes: u64,
-    pub win_bytes: u64,
+    pub buf_bytes: u64,
 }
 
 /// The shard's handle on its group-commit thread.
-pub struct Flusher {
+pub struct GroupCommit {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
-    win_bytes: u64,
-    /// Highest window index registered.
+    buf_bytes: u64,
+    /// Highest window index whose buffer is registered.
     last_window: Cell<Option<u64>>,
     /// Published positions not yet known durable, with the store timestamp of the
     /// record ending there: a round always ends at one of them or at a segment's
@@ -157,9 +123,9 @@ pub struct Flusher {
     flushed_ts: Cell<i64>,
 }
 
-impl Flusher {
+impl GroupCommit {
     /// Starts the thread; the log is durable up to `flushed` (stamped `flushed_ts`).
-    pub fn start(layout: Layout, flushed: u64, flushed_ts: i64) -> std::io::Result<Flusher> {
+    pub fn start(layout: Layout, flushed: u64, flushed_ts: i64) -> std::io::Result<GroupCommit> {
         let shared = Arc::new(Shared {
             written: AtomicU64::new(flushed),
             flushed: AtomicU64::new(flushed),
@@ -172,10 +138,10 @@ impl Flusher {
         let thread = std::thread::Builder::new()
             .name("coremq-flush".into())
             .spawn(move || run(&s, layout))?;
-        Ok(Flusher {
+        Ok(GroupCommit {
             shared,
             thread: Some(thread),
-            win_bytes: layout.win_bytes,
+            buf_bytes: layout.buf_bytes,
             last_window: Cell::new(None),
             stamps: RefCell::new(VecDeque::new()),
             flushed_ts: Cell::new(flushed_ts),
@@ -183,32 +149,32 @@ impl Flusher {
     }
 
     /// Publishes `written` (every byte below it final; `ts` is the store timestamp
-    /// of the record ending there) and the memory of the windows up to it (`window`
-    /// maps a window index to its buffer), waking the thread if it waits for work.
+    /// of the record ending there) and the memory of the buffers up to it (`buffer`
+    /// maps a window index to its buffer's memory), waking the thread if it waits for work.
     /// Returns how far the log is durable as of now (offset, store timestamp), so a
     /// busy shard learns of finished rounds without being woken.
-    pub fn publish(&self, written: u64, ts: i64, window: impl Fn(u64) -> *const u8) -> (u64, i64) {
+    pub fn publish(&self, written: u64, ts: i64, buffer: impl Fn(u64) -> *const u8) -> (u64, i64) {
         let sh = &*self.shared;
-        let win_bytes = self.win_bytes;
+        let buf_bytes = self.buf_bytes;
         let mut stamps = self.stamps.borrow_mut();
         let published = stamps
             .back()
             .map_or(sh.written.load(Ordering::Relaxed), |s| s.0);
         if written > published {
-            let last = (written - 1) / win_bytes;
+            let last = (written - 1) / buf_bytes;
             let first = match self.last_window.get() {
                 Some(l) if l >= last => None,
                 Some(l) => Some(l + 1),
-                None => Some(published / win_bytes),
+                None => Some(published / buf_bytes),
             };
             if let Some(first) = first {
                 let mut st = sh.lock();
                 for idx in first..=last {
-                    st.windows.insert(idx, WinPtr(window(idx)));
+                    st.buffers.insert(idx, BufPtr(buffer(idx)));
                 }
-                // Windows wholly below the flushed position are never read again.
-                let keep = sh.flushed.load(Ordering::Acquire) / win_bytes;
-                st.windows = st.windows.split_off(&keep);
+                // Buffers wholly below the flushed position are never read again.
+                let keep = sh.flushed.load(Ordering::Acquire) / buf_bytes;
+                st.buffers = st.buffers.split_off(&keep);
                 self.last_window.set(Some(last));
             }
             stamps.push_back((written, ts));
@@ -273,10 +239,10 @@ impl Flusher {
     }
 }
 
-impl Drop for Flusher {
+impl Drop for GroupCommit {
     /// Stops the thread after the round in flight (the shard stops it only once
     /// everything is flushed, or after a failure) and waits for it, so no round
-    /// reads a window after the shard freed it.
+    /// reads a buffer after the shard freed it.
     fn drop(&mut self) {
         {
             let mut st = self.shared.lock();
@@ -294,11 +260,11 @@ struct Round {
     fd: Arc<OwnedFd>,
     /// File position of the first byte written (page aligned).
     file_pos: u64,
-    /// Whole pages straight from the windows.
-    parts: Vec<(WinPtr, usize)>,
+    /// Whole pages straight from the write buffers.
+    parts: Vec<(BufPtr, usize)>,
     /// Bytes of the partial last page (the rest of the page is written as zeros).
     tail: usize,
-    tail_src: Option<WinPtr>,
+    tail_src: Option<BufPtr>,
     start: u64,
     target: u64,
 }
@@ -323,20 +289,20 @@ fn plan(st: &State, start: u64, written: u64, layout: Layout) -> Option<Round> {
     let mut parts = Vec::new();
     let mut pos = from;
     while pos < whole_end {
-        let idx = pos / layout.win_bytes;
-        let off = pos % layout.win_bytes;
-        let n = (whole_end - pos).min(layout.win_bytes - off);
-        let base = st.windows.get(&idx)?;
-        // SAFETY: inside the window's buffer (off + n <= win_bytes).
-        parts.push((WinPtr(unsafe { base.0.add(off as usize) }), n as usize));
+        let idx = pos / layout.buf_bytes;
+        let off = pos % layout.buf_bytes;
+        let n = (whole_end - pos).min(layout.buf_bytes - off);
+        let base = st.buffers.get(&idx)?;
+        // SAFETY: inside the buffer (off + n <= buf_bytes).
+        parts.push((BufPtr(unsafe { base.0.add(off as usize) }), n as usize));
         pos += n;
     }
     let tail = (target - whole_end) as usize;
     let tail_src = if tail > 0 {
-        let base = st.windows.get(&(whole_end / layout.win_bytes))?;
-        // SAFETY: a page inside the window's buffer.
-        Some(WinPtr(unsafe {
-            base.0.add((whole_end % layout.win_bytes) as usize)
+        let base = st.buffers.get(&(whole_end / layout.buf_bytes))?;
+        // SAFETY: a page inside the buffer.
+        Some(BufPtr(unsafe {
+            base.0.add((whole_end % layout.buf_bytes) as usize)
         }))
     } else {
         None
@@ -418,7 +384,7 @@ fn run(sh: &Shared, layout: Layout) {
 fn write_round(round: &Round, page: &mut AlignedBuf) -> std::io::Result<()> {
     let mut slices: Vec<&[u8]> = Vec::with_capacity(round.parts.len() + 1);
     for &(p, n) in &round.parts {
-        // SAFETY: below `written`, in a live window (module docs).
+        // SAFETY: below `written`, in a live buffer (module docs).
         slices.push(unsafe { std::slice::from_raw_parts(p.0, n) });
     }
     if let Some(src) = round.tail_src {
@@ -429,4 +395,97 @@ fn write_round(round: &Round, page: &mut AlignedBuf) -> std::io::Result<()> {
         slices.push(page.as_slice());
     }
     pwritev_dsync(round.fd.as_raw_fd(), round.file_pos, &mut slices)
+}
+
+/// The shard's side: publishing puts to the thread and following its progress.
+impl CommitLog {
+    /// A sync put was appended: hands it to the group-commit thread, or wakes the
+    /// writer that runs the rounds itself.
+    pub fn wake_sync_writer(&self) {
+        if let Some(gc) = &*self.group_commit.borrow() {
+            self.publish(gc);
+            // The writer only keeps segments ahead for the thread.
+            let seg = self.segment_start(self.written.get());
+            if self.group_commit_segs.get().is_none_or(|s| s <= seg) {
+                self.writer_wake.notify();
+            }
+            return;
+        }
+        self.writer_wake.notify();
+    }
+
+    /// Hands `written` and the buffers below it to the group-commit thread, and takes
+    /// in the rounds it finished meanwhile: while puts keep the shard busy, this is
+    /// where their acknowledgements come from (module docs).
+    fn publish(&self, gc: &GroupCommit) {
+        let (flushed, ts) = {
+            let p = self.pool.borrow();
+            gc.publish(self.written.get(), self.last_put_ts.get(), |idx| {
+                p.get(idx).expect("published bytes are resident").ptr()
+            })
+        };
+        if flushed > self.flushed.get() {
+            self.advance(flushed, ts, true);
+        }
+    }
+
+    /// The writer task with a group-commit thread: it keeps the segments the thread
+    /// writes open and one ahead, and turns the thread's progress into
+    /// `committed`/`flushed` (waking the puts that wait for them).
+    pub(super) async fn run_group_commit(&self) -> Result<()> {
+        let layout = Layout {
+            seg_bytes: self.seg_bytes,
+            buf_bytes: self.buf_bytes,
+        };
+        debug_assert_eq!(self.committed.get(), self.flushed.get());
+        let gc = GroupCommit::start(layout, self.flushed.get(), self.flushed_ts.get())
+            .map(Rc::new)
+            .map_err(|e| Error::io("start the group-commit thread", &self.dir, 0, e))?;
+        *self.group_commit.borrow_mut() = Some(gc.clone());
+        // A prewrite chunk may already be in flight (the prewriter starts first).
+        gc.set_prewrite(self.prewrite_inflight.get());
+        let result = self.follow_group_commit(&gc).await;
+        // Stops and joins the thread (after its round in flight) before the buffers
+        // can go away.
+        self.group_commit.borrow_mut().take();
+        drop(gc);
+        result
+    }
+
+    async fn follow_group_commit(&self, gc: &GroupCommit) -> Result<()> {
+        loop {
+            self.expire_sync_waits();
+            // Segments: the one being written and the next, so rounds never wait
+            // for a file to be created.
+            let first = self.segment_start(self.flushed.get());
+            let last = self.segment_start(self.written.get()) + self.seg_bytes;
+            let mut s = match self.group_commit_segs.get() {
+                Some(done) => first.max(done + self.seg_bytes),
+                None => first,
+            };
+            while s <= last {
+                let file = self.ensure_segment(s).await?;
+                let fd = file
+                    .shared_fd()?
+                    .expect("the group-commit thread runs on real files");
+                gc.add_segment(s, fd);
+                self.group_commit_segs.set(Some(s));
+                s += self.seg_bytes;
+            }
+            self.publish(gc);
+            if let Some((pos, e)) = gc.take_error() {
+                let seg = self.segment_start(self.flushed.get());
+                return Err(Error::io("write+fdatasync", self.segment_path(seg), pos, e));
+            }
+            if self.stopping.get() && self.flushed.get() == self.written.get() {
+                return Ok(());
+            }
+            let seen = self.flushed.get();
+            futures_lite::future::or(
+                futures_lite::future::or(self.writer_wake.wait(), gc.progress(seen)),
+                glommio::timer::sleep(Duration::from_millis(10)),
+            )
+            .await;
+        }
+    }
 }

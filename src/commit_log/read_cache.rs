@@ -1,12 +1,15 @@
 //! A per-shard cache of large, aligned CommitLog blocks for reads that miss the write
-//! windows (catch-up consumers).
+//! buffers (catch-up consumers): what the OS page cache gives RocketMQ's mmapped
+//! `CommitLog` for free. It is the log's `ReadCache`; the key index's page cache is a
+//! different type.
 //!
 //! The CommitLog is read with O_DIRECT, so there is no page cache under it: without
 //! this cache a consumer reading an old queue fetches each of its records from the
 //! disk on its own. When queues are interleaved in the log (scenario 5b: 32 queues per
 //! shard, every queue's records are every 32nd record of the log), each `get` turns
 //! into hundreds of ~4 KiB reads, and 32 readers walking the same region read the
-//! same disk blocks 32 times over in small pieces.
+//! same disk blocks 32 times over in small pieces (~62,000 4 KiB reads per shard
+//! against 242 block reads with the cache; 5b from 0.23-0.28 of fio to 0.50-0.65).
 //!
 //! The cache holds `read_cache_bytes` of `read_cache_block_bytes` blocks (1 MiB by
 //! default, aligned to the block size and never crossing a segment). A block is read
@@ -21,7 +24,7 @@
 //! Bytes below it are in the segment files and never change while the store is open
 //! (a commit rewrites only the page holding the committed position, which lies past
 //! any cacheable block); recovery truncates a torn tail before the store, and so this
-//! cache, exists. Newer bytes are read from the write windows or straight from the
+//! cache, exists. Newer bytes are read from the write buffers or straight from the
 //! file, as before. The store verifies every record it returns (checksums, topic,
 //! queue and queue offset) whichever way its bytes came.
 //!
@@ -31,7 +34,9 @@
 //! asks for the blocks after `b` too, so the next `get` finds them loaded. Read-ahead
 //! never takes more than half the cache's slots while in flight, never evicts a block
 //! being read, and a failed read-ahead is dropped (the reader that needs the block
-//! reads it itself).
+//! reads it itself). Defaults (64 MiB, 8 in flight, read-ahead 16): within the noise
+//! of 128 MiB or 16 in flight; 2 or 4 in flight stayed at 0.39-0.60 of fio, and
+//! read-ahead 8 or 32 did no better than 16.
 //!
 //! Eviction is least-recently-used over the blocks loaded (a block being read is not
 //! evictable). A reader that finds its block evicted before it got to it reads it
@@ -41,52 +46,12 @@
 //!
 //! Which gets use it: a `get` whose records fill at least half of the log span they
 //! lie in (one queue written alone, scenario 5a) reads its own merged spans as before;
-//! only sparse gets (interleaved queues) go through the cache. Measured (below): with
-//! every get through the cache 5a dropped from 0.61-0.75 to 0.42-0.55 of fio, because
-//! a lone reader's `get` waits for its ConsumeQueue read (a dependent 4-20 KiB read)
-//! behind the cache's 1 MiB read-ahead in the device queue (cq read 0.48 ms -> 2.75 ms
-//! per get, instrumented); the dense reader gains nothing from sharing.
+//! only sparse gets (interleaved queues) go through the cache. Through the cache a lone
+//! reader's `get` waited for its ConsumeQueue read behind the cache's 1 MiB read-ahead
+//! (5a fell from 0.61-0.75 to 0.42-0.55 of fio), and the dense reader gains nothing
+//! from sharing.
 //!
-//! # Measured (scenario 5, `coremq bench --mode catch-up --pull-batch 256`)
-//!
-//! Stores of 120,000 x 4 KiB messages (509 MB of log, 2 shards, the `--quick` size),
-//! written once and read repeatedly; fio (1 MiB O_DIRECT reads, io_uring, iodepth 8,
-//! 1 GiB file) run right before each read; the machine was shared with other builds
-//! and benchmarks (load average 6-8 on 2 CPUs), so only runs taken in the same minute
-//! compare. `--read-cache-mib 0` is the old read path. 2026-12-02 23:00-23:01 UTC,
-//! three rounds, ratio to fio:
-//!
-//! | 5b (64 queues) | round 1 | round 2 | round 3 |
-//! |---|---|---|---|
-//! | no cache | 208 MB/s (0.28) | 197 (0.23) | 218 (0.27) |
-//! | 128 MiB, 8 in flight, read-ahead 16 | 499 (0.52) | 461 (0.53) | 405 (0.50) |
-//! | 128 MiB, 16 in flight, read-ahead 16 | 473 (0.53) | 545 (0.59) | 389 (0.44) |
-//! | 64 MiB, 8 in flight, read-ahead 16 (the defaults) | 516 (0.57) | 591 (0.65) | 390 (0.50) |
-//!
-//! Each shard read its 254 MB of log once (484 block reads, 1 MiB each, for both
-//! shards; hits + shared lookups ~15,700), against ~62,000 4 KiB reads per shard
-//! before. Peak RSS 390-413 MiB with 64 MiB per shard, 450-495 MiB with 128 MiB
-//! (222 MiB without a cache). Earlier runs at a quieter minute reached 0.62-0.85
-//! (16 in flight) and 0.68-0.71 (8 in flight, read-ahead 16); 2 or 4 in flight
-//! stayed at 0.39-0.60, read-ahead 8 or 32 did no better than 16.
-//!
-//! The committed code (dense gets bypass the cache, 64 MiB / 8 in flight / read-ahead
-//! 16), 23:25 UTC, quieter machine (load average 2), same-minute fio:
-//!
-//! | run | 5b no cache | 5b cache | 5a no cache | 5a cache (bypassed) |
-//! |---|---|---|---|---|
-//! | 1 | 241 MB/s (0.35) | 597 MB/s (0.82), 404 MiB RSS | 775 (1.19) | 556 (0.96) |
-//! | 2 | 181 MB/s (0.26) | 723 MB/s (0.56; fio 1287 that minute), 395 MiB | 1127 (1.39) | 1306 (1.54) |
-//!
-//! 5a takes the same path either way (peak RSS 176 MiB in all four runs: no block
-//! read); its spread is the disk's.
-//!
-//! What still limits 5b: the disk is busy only part of the time. Block reads under
-//! full load take 11-30 ms (p50-p90) with 8 in flight per shard, and every `get` first
-//! reads its ConsumeQueue entries with a dependent small read that waits behind the
-//! block reads; the readers are in step (they all wait for the same block), so those
-//! waits add up rather than overlap. A ConsumeQueue read-ahead (or keeping entry pages
-//! cached) is the next step.
+//! Measured runs: `docs/performance/commit_log.md`, "Read cache".
 
 use crate::commit_log::CommitLog;
 use crate::config::StoreConfig;

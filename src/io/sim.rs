@@ -1,6 +1,7 @@
-//! A simulated disk: the same store code runs on memory whose crash behaviour is chosen
-//! by a seed, so the failures a real disk produces rarely (torn writes, lost unsynced
-//! data, I/O errors, flipped bits) happen on purpose and replay exactly.
+//! The simulated disk ([`SimDisk`], chosen by `StoreConfig::disk = Disk::Sim`): the
+//! same store code runs on memory whose crash behaviour is chosen by a seed, so the
+//! failures a real disk produces rarely (torn writes, lost unsynced data, I/O errors,
+//! flipped bits) happen on purpose and replay exactly.
 //!
 //! The model is the contract POSIX and ext4 give a program that uses `fdatasync` and
 //! directory `fsync`, made as weak as the contract allows:
@@ -236,15 +237,6 @@ impl SimDisk {
         let st = self.st();
         match st.names.get(path)? {
             Entry::File(ino) => Some(st.nodes[ino].data.clone()),
-            Entry::Dir => None,
-        }
-    }
-
-    /// The durable bytes of the file at `path` (what a crash keeps for sure).
-    pub fn durable_contents(&self, path: &Path) -> Option<Vec<u8>> {
-        let st = self.st();
-        match st.names.get(path)? {
-            Entry::File(ino) => Some(st.nodes[ino].durable.clone()),
             Entry::Dir => None,
         }
     }

@@ -1,0 +1,237 @@
+//! The writer task and the flush: RocketMQ's `FlushRealTimeService` (async flush),
+//! and the loop that drives commit and flush by the flush mode's rules.
+//!
+//! One writer task per log ([`CommitLog::run_writer`]) runs one of three loops:
+//! * **async flush**: commits sealed buffers at once and the open one every
+//!   `commit_interval`; fdatasyncs every `flush_interval` once `flush_least_pages` are
+//!   committed, or whatever is committed every `flush_thorough_interval` (RocketMQ's
+//!   `flushLeastPages` and `flushPhysicQueueThoroughInterval`);
+//! * **sync flush on the writer task** (the simulated disk, and `RingWriteFdatasync`):
+//!   group-commit rounds run here, each round starting as the last one ends.
+//!   `DsyncWrite` copies the round out of the buffers and writes it with one durable
+//!   write on the shard's dsync thread ([`File::write_durable`]; `sync_round`);
+//!   `RingWriteFdatasync` commits, then fdatasyncs, through the io_uring ring;
+//! * **sync flush with the group-commit thread** (`DsyncWrite` on the real disk): the
+//!   thread runs the rounds, and this task only keeps segments ahead of it and turns its
+//!   progress into `committed`/`flushed` (`group_commit.rs`).
+//!
+//! A write or fdatasync error ends the loop: the log stops taking writes (fail-stop,
+//! never a retried fdatasync), and `committed`/`flushed` are closed so waiting puts
+//! return. The writer's task queue is chosen by the store (`Latency::Matters` in sync
+//! mode); the prewriter runs in its own `NotImportant` queue.
+
+use super::CommitLog;
+use crate::config::{FlushMode, SyncFlushIo};
+use crate::error::Result;
+use crate::io::{self, AlignedBuf, File, PAGE, align_down, align_up};
+use crate::wake::join_all;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+impl CommitLog {
+    /// The writer task: commits and flushes by the flush mode's rules until stopped.
+    pub async fn run_writer(self: Rc<Self>) {
+        let prewriter = if self.cfg.prewrite_bytes() > 0 {
+            use glommio::{Latency, Shares, executor};
+            let tq = executor().create_task_queue(
+                Shares::Static(100),
+                Latency::NotImportant,
+                "commit-log-prewrite",
+            );
+            glommio::spawn_local_into(self.clone().run_prewriter(), tq).ok()
+        } else {
+            None
+        };
+        let threaded = self.cfg.flush_mode == FlushMode::Sync
+            && self.cfg.sync_flush_io == SyncFlushIo::DsyncWrite
+            && matches!(self.cfg.disk, io::Disk::Real);
+        let result = if threaded {
+            self.run_group_commit().await
+        } else {
+            self.writer_loop().await
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "commit log writer failed; the shard stops taking writes");
+            *self.failed.borrow_mut() = Some(e.to_string());
+            self.committed.close();
+            self.flushed.close();
+        }
+        self.stopping.set(true);
+        self.prewrite_wake.notify();
+        if let Some(p) = prewriter {
+            p.await;
+        }
+    }
+
+    async fn writer_loop(&self) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let page = PAGE as u64;
+        let mut last_commit = Instant::now();
+        let mut last_flush = Instant::now();
+        let mut last_thorough = Instant::now();
+        loop {
+            let stopping = self.stopping.get();
+            let flush_now = self.flush_now.replace(false);
+            let sync = cfg.flush_mode == FlushMode::Sync;
+            if sync {
+                self.expire_sync_waits();
+            }
+            let now = Instant::now();
+            // Sealed buffers are committed at once; the open buffer's partial
+            // content when a sync put waits, on the commit interval, or for a flush.
+            let flush_time = now - last_flush >= cfg.flush_interval;
+            let partial = sync
+                || stopping
+                || flush_now
+                || flush_time
+                || now - last_commit >= cfg.commit_interval;
+            if sync && cfg.sync_flush_io == SyncFlushIo::DsyncWrite {
+                // Group commit: one durable write per round, the next round at once
+                // with everything appended meanwhile.
+                if self.sync_round().await? {
+                    continue;
+                }
+                if stopping && self.flushed.get() == self.written.get() {
+                    return Ok(());
+                }
+                futures_lite::future::or(
+                    self.writer_wake.wait(),
+                    glommio::timer::sleep(Duration::from_millis(10)),
+                )
+                .await;
+                continue;
+            }
+            let commit_due = self.commit_once(partial).await?;
+            if commit_due {
+                last_commit = Instant::now();
+            }
+            let unflushed = self.committed.get() - self.flushed.get();
+            let thorough = now - last_thorough >= cfg.flush_thorough_interval;
+            let flush_due = unflushed > 0
+                && (sync
+                    || stopping
+                    || flush_now
+                    || (flush_time && (unflushed >= cfg.flush_least_pages * page || thorough)));
+            if flush_due {
+                self.flush_once().await?;
+                last_flush = Instant::now();
+                if thorough {
+                    last_thorough = last_flush;
+                }
+            }
+            if stopping && self.flushed.get() == self.written.get() {
+                return Ok(());
+            }
+            if !commit_due && !flush_due {
+                let wait = if sync {
+                    Duration::from_millis(10)
+                } else {
+                    cfg.commit_interval.min(cfg.flush_interval)
+                };
+                futures_lite::future::or(self.writer_wake.wait(), glommio::timer::sleep(wait))
+                    .await;
+            }
+        }
+    }
+
+    /// One flush round: fdatasync every segment holding committed, unflushed bytes.
+    async fn flush_once(&self) -> Result<()> {
+        let start = self.flushed.get();
+        let target = self.committed.get();
+        if target == start {
+            return Ok(());
+        }
+        let ts = self.committed_ts.get();
+        let mut s = self.segment_start(start);
+        while s < target {
+            if let Some(f) = self.segment_file(s) {
+                f.sync().await?;
+            }
+            s += self.seg_bytes;
+        }
+        self.flushed_ts.set(ts);
+        self.flushed.set(target);
+        Ok(())
+    }
+
+    /// Wakes sync puts whose `sync_flush_timeout` passed (they report
+    /// `FlushDiskTimeout`): checked by the writer at most every eighth of the timeout
+    /// (1-100 ms), instead of a timer per put. With the group-commit thread the writer
+    /// never waits for the disk, so a hung device still times puts out; on the
+    /// writer-task paths (simulated disk, `RingWriteFdatasync`) it checks between
+    /// rounds.
+    pub(super) fn expire_sync_waits(&self) {
+        let tick = (self.cfg.sync_flush_timeout / 8)
+            .clamp(Duration::from_millis(1), Duration::from_millis(100));
+        let now = Instant::now();
+        if now - self.last_expiry.get() >= tick {
+            self.last_expiry.set(now);
+            self.flushed.expire(now);
+        }
+    }
+
+    /// One sync-flush round on the writer task ([`SyncFlushIo::DsyncWrite`] without
+    /// the group-commit thread): copies `[align_down(committed), written)` (at most
+    /// `commit_chunk_bytes * commit_max_inflight`) out of the buffers and makes it
+    /// durable with one [`File::write_durable`] per segment touched; then committed
+    /// and flushed move together. Rounds never overlap: a round rewrites the previous
+    /// round's last page, and two in-flight writes of a page may land in either order.
+    /// Returns whether anything was written.
+    async fn sync_round(&self) -> Result<bool> {
+        let start = self.committed.get();
+        debug_assert_eq!(start, self.flushed.get());
+        let max = (self.cfg.commit_chunk_bytes * self.cfg.commit_max_inflight) as u64;
+        let target = self.written.get().min(align_down(start) + max);
+        if target <= start {
+            return Ok(false);
+        }
+        let last_seg = self.segment_start(target - 1);
+        self.ensure_segments(start, last_seg).await?;
+        // Puts may have appended while a segment was created: take them too.
+        let target = self
+            .written
+            .get()
+            .min(align_down(start) + max)
+            .min(last_seg + self.seg_bytes);
+        self.wait_prewrite_clear(target).await;
+        let ts = self.last_put_ts.get();
+        let mut writes = Vec::new();
+        let mut pos = align_down(start);
+        while pos < target {
+            let seg = self.segment_start(pos);
+            let end = target.min(seg + self.seg_bytes);
+            let len = align_up(end - pos) as usize;
+            let mut buf = self.take_round_buf(len);
+            let data = (end - pos) as usize;
+            let bytes = buf.as_mut_slice();
+            self.copy_from_buffers(pos, &mut bytes[..data]);
+            // The padding of a partial last page: zeros, whatever the (recycled)
+            // buffer holds there; the next round rewrites the page.
+            bytes[data..].fill(0);
+            let file: Rc<File> = self
+                .segment_file(seg)
+                .expect("segments ensured before planning");
+            writes.push(async move { file.write_durable(pos - seg, buf).await });
+            pos = end;
+        }
+        for r in join_all(writes).await {
+            self.round_bufs.borrow_mut().push(r?);
+        }
+        self.advance(target, ts, true);
+        // Keep one segment ahead so rounds rarely create files.
+        self.ensure_segment(last_seg + self.seg_bytes).await?;
+        Ok(true)
+    }
+
+    /// A reused round buffer of exactly `len` bytes (the caller zeroes its tail past
+    /// the written position: the partial last page is written padded).
+    fn take_round_buf(&self, len: usize) -> AlignedBuf {
+        let mut bufs = self.round_bufs.borrow_mut();
+        let mut buf = match bufs.iter().position(|b| b.capacity() >= len) {
+            Some(i) => bufs.swap_remove(i),
+            None => AlignedBuf::new(len.max(256 << 10)),
+        };
+        buf.set_len(len);
+        buf
+    }
+}
