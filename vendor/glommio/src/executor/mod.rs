@@ -1320,20 +1320,28 @@ impl LocalExecutor {
         self.reactor.need_preempt()
     }
 
+    // coremq patch: returns whether a task queue is still active (has runnable tasks),
+    // not whether one ran, and `run()` parks only on `false`. 0.9.0 also returned
+    // `false` when `need_preempt()` was already set before any queue ran (the thread
+    // was descheduled for longer than the preempt timer, or a latency-ring completion
+    // without a waker arrived, e.g. the eventfd read of a foreign wake), and parked
+    // with runnable tasks (fixed the same way in the glommio/glommio fork, PR #53).
+    // Also, every queue active on entry is owed one turn of at least one task even when
+    // the flag is already set, so a preempt budget spent before we got here cannot
+    // starve them all loop after loop. See vendor/glommio/COREMQ-PATCHES.md.
     fn run_task_queues(&self) -> bool {
-        let mut ran = false;
+        let mut owed = self.queues.borrow().active_executors.len();
         loop {
             self.reactor.sys.install_eventfd();
-            if self.need_preempt() {
+            if owed == 0 && self.need_preempt() {
                 break;
             }
             if !self.run_one_task_queue() {
-                return false;
-            } else {
-                ran = true;
+                break;
             }
+            owed = owed.saturating_sub(1);
         }
-        ran
+        !self.queues.borrow().active_executors.is_empty()
     }
 
     fn run_one_task_queue(&self) -> bool {
@@ -1373,7 +1381,10 @@ impl LocalExecutor {
             let mut tasks_executed_this_loop = 0;
             loop {
                 let mut queue_ref = queue.borrow_mut();
-                if self.need_preempt() || queue_ref.yielded() {
+                // coremq patch: a turn runs at least one task, even when the preempt
+                // flag was set before it began (see `run_task_queues`).
+                let preempted = tasks_executed_this_loop > 0 && self.need_preempt();
+                if preempted || queue_ref.yielded() {
                     break;
                 }
 
@@ -1480,6 +1491,8 @@ impl LocalExecutor {
                     .expect("Failed to poll io! This is actually pretty bad!");
 
                 // run user code
+                // coremq patch: `run` is now "a task queue is still active": park only
+                // when none is (see `run_task_queues`).
                 let run = this.run_task_queues();
 
                 // account for runtime and poll/sleep if possible

@@ -60,6 +60,32 @@ impl<'ring> CompletionQueue<'ring> {
         self.wait_inner(count).map(|_| ())
     }
 
+    // coremq patch: `wait` that returns `ETIME` once `timeout` has passed, for the
+    // bounded park (`MAX_PARK` in sys/uring.rs). With IORING_FEAT_EXT_ARG (Linux 5.11+)
+    // liburing passes the timeout to io_uring_enter itself; before that it queues a
+    // timeout SQE whose CQE its peek skips. Consumes no CQE, like `wait`.
+    pub fn wait_with_timeout(
+        &mut self,
+        count: u32,
+        timeout: std::time::Duration,
+    ) -> io::Result<()> {
+        let ts = uring_sys::__kernel_timespec {
+            tv_sec: timeout.as_secs() as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        unsafe {
+            let mut cqe = MaybeUninit::uninit();
+            resultify(uring_sys::io_uring_wait_cqes(
+                self.ring.as_ptr(),
+                cqe.as_mut_ptr(),
+                count as _,
+                &ts,
+                ptr::null(),
+            ))?;
+        }
+        Ok(())
+    }
+
     #[inline(always)]
     fn wait_inner(&mut self, count: u32) -> io::Result<&mut uring_sys::io_uring_cqe> {
         unsafe {

@@ -1044,6 +1044,14 @@ impl SleepableRing {
         }
     }
 
+    // coremq patch: the longest the executor sleeps in io_uring_enter on its main ring.
+    // 0.9.0 waited without a bound there, for a completion of the main ring or of the
+    // latency ring polled through it; a wake-up lost on that nested path (the path of
+    // DataDog/glommio#547) was a sleep until unrelated I/O, for ever when none came.
+    // Now it costs at most this much. An idle executor wakes this often (it used to
+    // wake only for work): see vendor/glommio/COREMQ-PATCHES.md for the measured cost.
+    pub(crate) const MAX_PARK: Duration = Duration::from_millis(10);
+
     fn sleep(&mut self, link: &Source) -> io::Result<usize> {
         assert_eq!(
             self.waiting_kernel_submission(),
@@ -1087,9 +1095,15 @@ impl SleepableRing {
                 Err(io::Error::from_raw_os_error(libc::EBUSY))
             } else {
                 // The rings are linked. Goodnight!
+                // coremq patch: for at most `MAX_PARK`; its timeout (ETIME) is a
+                // normal wake-up.
                 self.ring
                     .cq()
-                    .wait(1)
+                    .wait_with_timeout(1, Self::MAX_PARK)
+                    .or_else(|e| match e.raw_os_error() {
+                        Some(libc::ETIME) => Ok(()),
+                        _ => Err(e),
+                    })
                     .map(|_| 1)
                     .or_else(Reactor::busy_ok)
                     .or_else(Reactor::again_ok)

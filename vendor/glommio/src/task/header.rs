@@ -6,8 +6,9 @@
 use core::{fmt, task::Waker};
 #[cfg(feature = "debugging")]
 use std::cell::Cell;
+// coremq patch: `references` widened from `AtomicI16` (see the field).
 use std::sync::{
-    atomic::{AtomicI16, Ordering},
+    atomic::{AtomicI32, Ordering},
     Arc,
 };
 
@@ -31,7 +32,12 @@ pub(crate) struct Header {
     pub(crate) latency_matters: bool,
 
     /// Current reference count of the task.
-    pub(crate) references: AtomicI16,
+    // coremq patch: was an `AtomicI16`. Every wake from another thread holds a
+    // reference until this task's executor processes it, so 32,768 foreign wakes of a
+    // task whose executor did not run in between overflowed it ("Waker invariant
+    // broken" panic in the waking thread). An `i32` takes the same room in the header
+    // (it still fits the 8 bytes after `state` and `latency_matters`).
+    pub(crate) references: AtomicI32,
 
     /// The task that is blocked on the `JoinHandle`.
     ///

@@ -70,7 +70,7 @@ impl<R> JoinHandle<R> {
                     // If we schedule it, need to bump the reference count, since after run() we
                     // decrement it.
                     let refs = (*header).references.fetch_add(1, Ordering::Relaxed);
-                    assert_ne!(refs, i16::max_value());
+                    assert_ne!(refs, i32::MAX); // coremq patch: i32 references
 
                     ((*header).vtable.schedule)(ptr);
                 }
@@ -132,7 +132,7 @@ impl<R> Drop for JoinHandle<R> {
                     if refs == 0 {
                         if state & CLOSED == 0 {
                             let refs = (*header).references.fetch_add(1, Ordering::Relaxed);
-                            assert_ne!(refs, i16::max_value());
+                            assert_ne!(refs, i32::MAX); // coremq patch: i32 references
                             ((*header).vtable.schedule)(ptr);
                         } else {
                             ((*header).vtable.destroy)(ptr);

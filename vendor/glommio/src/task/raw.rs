@@ -13,7 +13,8 @@ use core::{
 };
 #[cfg(feature = "debugging")]
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI16, Ordering};
+// coremq patch: i32 task references (see `Header::references`).
+use std::sync::atomic::{AtomicI32, Ordering};
 
 #[cfg(feature = "debugging")]
 use crate::task::debugging::TaskDebugger;
@@ -132,7 +133,7 @@ where
                 notifier: sys::get_sleep_notifier_for(executor_id).unwrap(),
                 state: SCHEDULED | HANDLE,
                 latency_matters,
-                references: AtomicI16::new(0),
+                references: AtomicI32::new(0), // coremq patch: i32 references
                 awaiter: None,
                 vtable: &TaskVTable {
                     schedule: Self::schedule,
@@ -276,12 +277,13 @@ where
     #[track_caller]
     fn increment_references(header: &Header) {
         let refs = header.references.fetch_add(1, Ordering::Relaxed);
-        assert_ne!(refs, i16::MAX, "Waker invariant broken: {header:?}");
+        // coremq patch: i32 references (see `Header::references`).
+        assert_ne!(refs, i32::MAX, "Waker invariant broken: {header:?}");
     }
 
     #[inline]
     #[track_caller]
-    fn decrement_references(header: &Header) -> i16 {
+    fn decrement_references(header: &Header) -> i32 {
         let refs = header.references.fetch_sub(1, Ordering::Relaxed);
         assert_ne!(refs, 0, "Waker invariant broken: {header:?}");
         refs - 1
