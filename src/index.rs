@@ -1405,9 +1405,9 @@ impl IndexService {
             spans: &spans,
         };
         // Small snapshots (an open's, a light load's) are copied without yielding:
-        // a bare yield has no I/O or timer behind it, and glommio 0.9 can park with
-        // the yielded task runnable (`sync.rs`, "Executor heartbeat"); with yields
-        // here `tests/liveness.rs` hung in its first open in 2 of 5 runs.
+        // a bare yield has no I/O or timer behind it, and glommio 0.9.0 could park
+        // with the yielded task runnable (fixed in vendor/glommio, COREMQ-PATCHES.md);
+        // with yields here `tests/liveness.rs` hung in its first open in 2 of 5 runs.
         let yields = spans.len() >= YIELDING_SNAPSHOT_RUNS;
         for (r, &(start, n)) in spans.iter().enumerate() {
             self.pages.borrow_mut().copy_snapshot_run(r, start, n);

@@ -6,11 +6,7 @@
 //! * **dispatcher** (RocketMQ's ReputMessageService): tails the CommitLog and appends
 //!   ConsumeQueue entries; in sync-flush mode it stops at the flushed offset, so a
 //!   consumer never sees a record that recovery could lose;
-//! * **queue flusher**: writes ConsumeQueue tails every second, then the checkpoint;
-//! * **heartbeat** (from the first line of `open` until the store and its tasks are
-//!   gone): a timer every 10 ms, because glommio 0.9 can put the executor to sleep with
-//!   runnable tasks when the thread is descheduled at the wrong moment, and opens and
-//!   shutdowns under load hung for good that way (see `sync`'s module docs).
+//! * **queue flusher**: writes ConsumeQueue tails every second, then the checkpoint.
 //!
 //! The dispatcher decodes records in place while they are in a resident write window
 //! ([`Inner::dispatch_in_place`]: queue entries and key-index inserts without an
@@ -158,10 +154,6 @@ struct Inner {
     index: Option<Rc<crate::index::IndexService>>,
     /// Large committed log blocks shared by reads that miss the windows (`read_cache`).
     read_cache: Option<Rc<crate::read_cache::ReadCache>>,
-    /// Wakes the executor while the store or any of its tasks lives: glommio 0.9 can
-    /// park with runnable tasks, and an open or a shutdown then hung for good (see
-    /// `sync`'s docs).
-    _heartbeat: crate::sync::Heartbeat,
 }
 
 /// What `open` found and did, for logs and tests.
@@ -217,8 +209,6 @@ impl Store {
     /// run left, and starts its background tasks on the current executor.
     pub async fn open(cfg: StoreConfig) -> Result<Store> {
         cfg.validate()?;
-        // Before any I/O: glommio can park with runnable tasks (see `sync`'s docs).
-        let heartbeat = crate::sync::heartbeat();
         let cfg = Rc::new(cfg);
         let mut phases = Phases::default();
         let root = cfg.root.clone();
@@ -296,7 +286,6 @@ impl Store {
             lock: RefCell::new(Some(lock)),
             index,
             read_cache: crate::read_cache::ReadCache::new(&cfg),
-            _heartbeat: heartbeat,
         });
         let loaded = inner.manifest(0).queues.len();
         // Queues not yet cut to the log's end hold at least what the manifest says
