@@ -1,103 +1,21 @@
-//! The shard's single-thread wake-up primitives, and the executor heartbeat:
+//! The shard's single-thread wake-up primitives:
 //! * [`Notify`] wakes one background task (the writer, the dispatcher); a notification
 //!   that arrives while the task is busy is remembered, so none is lost;
 //! * [`OffsetWatch`] is a growing offset many tasks wait on ("flushed is at least X"),
 //!   with deadlines its owner expires in batches instead of a timer per wait: the
 //!   CommitLog's `committed` and `flushed` positions;
-//! * [`join_all`] polls futures concurrently on the current task;
-//! * [`heartbeat`] keeps glommio 0.9 from sleeping with runnable tasks.
+//! * [`join_all`] polls futures concurrently on the current task.
 //!
-//! Nothing here but the heartbeat's thread side is `Send`: a shard's state is only ever
-//! touched by its own thread.
-//!
-//! The heartbeat: glommio 0.9's executor can park with runnable tasks when its thread
-//! was descheduled for longer than the preemption timer (its `run_task_queues` reports
-//! a preemption before the first queue as "ran nothing"), and during an open or a
-//! shutdown nothing else wakes it. A thread waking a task of the executor every
-//! [`HEARTBEAT`] (10 ms) bounds such a stall: `tests/liveness.rs` hung in 8 of 8 runs
-//! without it, in none of 6 with it. What hung and why, and what was tried first:
-//! `docs/performance/commit_log.md`, "Executor heartbeat".
+//! Nothing here is `Send`: a shard's state is only ever touched by its own thread.
+//! (An executor heartbeat thread lived here while glommio 0.9.0 could park with
+//! runnable tasks; the vendored glommio fixes that at its source and bounds every park
+//! to 10 ms: `vendor/glommio/COREMQ-PATCHES.md`.)
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
-
-/// The longest an executor can sleep with runnable tasks while a [`Heartbeat`] lives
-/// (see the module docs).
-pub const HEARTBEAT: Duration = Duration::from_millis(10);
-
-/// What a [`Heartbeat`]'s task and its thread share.
-#[derive(Default)]
-struct Beat {
-    stop: std::sync::atomic::AtomicBool,
-    /// The waker of the heartbeat task, woken from the thread.
-    waker: std::sync::Mutex<Option<Waker>>,
-}
-
-impl Beat {
-    fn waker(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
-        self.waker.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Wakes the current glommio executor every [`HEARTBEAT`] while it lives (see the
-/// module docs); dropping it ends its task and its thread.
-pub struct Heartbeat {
-    beat: std::sync::Arc<Beat>,
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.beat
-            .stop
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        // The task ends when it sees `stop`; this also drops the waker it left (a
-        // reference to itself).
-        if let Some(w) = self.beat.waker().take() {
-            w.wake();
-        }
-    }
-}
-
-/// Starts a [`Heartbeat`] on the current executor (see the module docs for why).
-///
-/// A thread wakes a parked task of this executor every [`HEARTBEAT`]: a wake from
-/// another thread always ends the executor's sleep (glommio writes its eventfd) and
-/// needs nothing from the executor to be armed again. Glommio timers do not do: a
-/// fired timer is gone until its task runs again, and that task can be the stranded
-/// one. `Store::open` starts one before its first I/O; the store keeps it until its
-/// last task ends.
-pub fn heartbeat() -> Heartbeat {
-    use std::sync::atomic::Ordering::SeqCst;
-    let beat = std::sync::Arc::new(Beat::default());
-    let task = beat.clone();
-    glommio::spawn_local(std::future::poll_fn(move |cx| {
-        if task.stop.load(SeqCst) {
-            task.waker().take();
-            return Poll::Ready(());
-        }
-        *task.waker() = Some(cx.waker().clone());
-        Poll::Pending
-    }))
-    .detach();
-    let ticker = beat.clone();
-    let spawned = std::thread::Builder::new()
-        .name("coremq-heartbeat".into())
-        .spawn(move || {
-            while !ticker.stop.load(SeqCst) {
-                std::thread::sleep(HEARTBEAT);
-                if let Some(w) = ticker.waker().as_ref() {
-                    w.wake_by_ref();
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "no heartbeat thread: the executor may stall under load");
-    }
-    Heartbeat { beat }
-}
+use std::time::Instant;
 
 /// Wakes one background task (the writer, the dispatcher). A notification that
 /// arrives while the task is busy is remembered, so none is lost.
@@ -322,6 +240,7 @@ pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 mod tests {
     use super::*;
     use std::task::Wake;
+    use std::time::Duration;
 
     struct Count(std::sync::atomic::AtomicUsize);
     impl Wake for Count {

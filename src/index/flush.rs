@@ -15,10 +15,10 @@
 //!   (copy-on-write in the page set for pages written meanwhile), with a yield between
 //!   runs once there are [`YIELDING_SNAPSHOT_RUNS`] or more: copying ~22 MB in one go
 //!   held the shard 3.7-5.3 ms once a second (put p99 2.9-4.7 ms at 250 k msg/s,
-//!   0.4-0.5 ms without the index). Small snapshots do not yield: a bare yield has no
-//!   I/O or timer behind it, glommio 0.9 can park with the yielded task runnable
-//!   ([`crate::wake`], "Executor heartbeat"), and `tests/liveness.rs` hung in its first
-//!   open in 2 of 5 runs with yields here.
+//!   0.4-0.5 ms without the index). Small snapshots (an open's, a light load's) are
+//!   copied in one go: they take microseconds. (Published glommio 0.9.0 could park
+//!   with a yielded task runnable, and `tests/liveness.rs` hung in 2 of 5 runs with
+//!   yields here; the vendored glommio fixes that.)
 //! * **Whole-run buffers are reused** (at most a flush's worth): fresh ones cost a page
 //!   fault per page, 11-15 ms of copying a second instead of 3.7-5.3 ms.
 //!

@@ -14,11 +14,7 @@
 //! * **dispatcher** (500): tails the log and appends ConsumeQueue and key-index
 //!   entries (`dispatch.rs`);
 //! * **queue flusher** (100): a checkpoint round every `consume_queue_flush_interval`
-//!   (`checkpoint.rs`);
-//! * **heartbeat** (from the first line of `open` until the store and its tasks are
-//!   gone): a timer every 10 ms, because glommio 0.9 can put the executor to sleep with
-//!   runnable tasks when the thread is descheduled at the wrong moment, and opens and
-//!   shutdowns under load hung for good that way (see `wake`'s docs).
+//!   (`checkpoint.rs`).
 //!
 //! Durability contract, by flush mode:
 //! * `FlushMode::Sync`: `PutOk` means a durable write covering the record returned
@@ -48,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::index::IndexService;
 use crate::io::{File, RootLock};
 use crate::message::LogOffset;
-use crate::wake::{Heartbeat, Notify, OffsetWatch};
+use crate::wake::{Notify, OffsetWatch};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
@@ -93,8 +89,6 @@ struct Inner {
     index: Option<Rc<IndexService>>,
     /// Large committed log blocks shared by reads that miss the windows.
     read_cache: Option<Rc<ReadCache>>,
-    /// Wakes the executor while the store or any of its tasks lives (module docs).
-    _heartbeat: Heartbeat,
 }
 
 /// What `open` found and did, for logs and tests.

@@ -48,7 +48,7 @@ use crate::format::checkpoint::Checkpoint;
 use crate::format::record::RecordView;
 use crate::index::IndexService;
 use crate::io::{File, RootLock};
-use crate::wake::{Heartbeat, Notify, OffsetWatch};
+use crate::wake::{Notify, OffsetWatch};
 use ahash::AHashMap;
 use decision::{Action, AfterScan, Facts, PastEnd, QueueFiles, decide};
 use std::cell::{Cell, RefCell};
@@ -59,13 +59,11 @@ impl Store {
     /// run left (module docs), and starts its background tasks on the current executor.
     pub async fn open(cfg: StoreConfig) -> Result<Store> {
         cfg.validate()?;
-        // Before any I/O: glommio can park with runnable tasks (see `wake`'s docs).
-        let heartbeat = crate::wake::heartbeat();
         let cfg = Rc::new(cfg);
         let mut phases = Phases::default();
         let opened = open_log(&cfg).await?;
         phases.lap("start");
-        let (inner, mut rec) = open_structures(&cfg, opened, heartbeat).await?;
+        let (inner, mut rec) = open_structures(&cfg, opened).await?;
         phases.lap("key index and queues");
         scan_and_dispatch(&inner, &mut rec).await?;
         phases.lap("scan and dispatch");
@@ -160,7 +158,6 @@ async fn open_log(cfg: &Rc<StoreConfig>) -> Result<LogOpened> {
 async fn open_structures(
     cfg: &Rc<StoreConfig>,
     opened: LogOpened,
-    heartbeat: Heartbeat,
 ) -> Result<(Rc<Inner>, Recovery)> {
     let LogOpened {
         lock,
@@ -201,7 +198,6 @@ async fn open_structures(
         lock: RefCell::new(Some(lock)),
         index,
         read_cache: ReadCache::new(cfg),
-        _heartbeat: heartbeat,
     });
     let files = queue_files(&inner.queues, cp.as_ref(), damaged);
     let queues_from = match decide(Facts::Loaded {
