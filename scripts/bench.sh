@@ -77,7 +77,7 @@ need fio
 need jq
 
 log "building coremq (release)"
-(cd "$repo" && cargo build --release --quiet)
+(cd "$repo" && cargo build --release --quiet --features cli)
 # A private copy: a concurrent build cannot swap the binary in the middle of a run.
 bin="$work/coremq"
 cp "${CARGO_TARGET_DIR:-$repo/target}/release/coremq" "$bin"

@@ -39,14 +39,14 @@ logdir="${dir:-${TMPDIR:-/tmp}}"
 mkdir -p "$logdir"
 log="$(cd "$logdir" && pwd)/crash-loop-$seed.log"
 
-cargo test --release --test crash_loop --no-run >&2
+cargo test --release --features cli --test crash_loop --no-run >&2
 
 export COREMQ_CRASH_CYCLES="$cycles" COREMQ_CRASH_SEED="$seed"
 if [ -n "$dir" ]; then
     export COREMQ_CRASH_DIR="$dir"
 fi
 set +e
-cargo test --release --test crash_loop -- --nocapture --test-threads=1 >"$log" 2>&1
+cargo test --release --features cli --test crash_loop -- --nocapture --test-threads=1 >"$log" 2>&1
 status=$?
 set -e
 

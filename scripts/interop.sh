@@ -33,7 +33,7 @@ if ! "$venv/bin/python" -c 'import rocketmq.client' 2>/dev/null; then
 fi
 
 if [[ -z "${COREMQ_BIN:-}" ]]; then
-    (cd "$root" && cargo build -q)
+    (cd "$root" && cargo build -q --features cli)
     COREMQ_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/coremq"
 fi
 

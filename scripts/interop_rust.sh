@@ -23,7 +23,7 @@ trap cleanup EXIT
 (cd "$here/interop-rust" && CARGO_TARGET_DIR="$target" cargo build -q) \
     || { echo "SKIPPED: cannot build rocketmq-client-rust"; exit 77; }
 if [[ -z "${COREMQ_BIN:-}" ]]; then
-    (cd "$root" && cargo build -q)
+    (cd "$root" && cargo build -q --features cli)
     COREMQ_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/coremq"
 fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

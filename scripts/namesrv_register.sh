@@ -31,7 +31,7 @@ if [[ -z "$bin" ]]; then
     fi
 fi
 if [[ -z "${COREMQ_BIN:-}" ]]; then
-    (cd "$root" && cargo build -q)
+    (cd "$root" && cargo build -q --features cli)
     COREMQ_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/coremq"
 fi
 py=python3
