@@ -98,7 +98,7 @@ pub struct StoreConfig {
     /// resident write windows, where the dispatcher decodes them in place: with 256
     /// MiB it trailed beyond the pool and read every record back from disk and
     /// copied it (scenario 1: 2.2 us of CPU per message against 1.75 us at 48 MiB,
-    /// and 478k against 552k msg/s; see `store.rs`).
+    /// and 478k against 552k msg/s; see `docs/performance/store.md`).
     pub max_dispatch_lag_bytes: u64,
     /// Check free space before puts (the two watermarks below). Off only for tests of
     /// what a real write error does.

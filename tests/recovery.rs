@@ -6,7 +6,7 @@
 //! lags the log, by rewriting the checkpoint's offsets or zeroing it (no coremq
 //! section: recovery scans the whole log and assumes nothing durable).
 //!
-//! The rules under test (src/store.rs, src/commit_log.rs, README "Recovery"):
+//! The rules under test (src/store/recovery/, src/commit_log/recovery/, README "Recovery"):
 //! * a torn tail is cut (and reported) and puts continue at the cut;
 //! * damage followed by valid records, or below the checkpoint's flushed offset, is
 //!   refused with `Error::Corrupt` naming the file and offset, and nothing is modified;

@@ -1,4 +1,4 @@
-//! One-pass recovery (src/store.rs `Store::open`): the scan that verifies the log hands
+//! One-pass recovery (src/store/recovery/ `Store::open`): the scan that verifies the log hands
 //! its records to the ConsumeQueues and the key index, each from its own resume point.
 //! These tests check that every kept record is dispatched exactly once and nothing past
 //! the recovered end is: after recovery and a clean shutdown, every queue file's entries
@@ -171,7 +171,7 @@ fn cut_reference(queues: &Queues, index: &[(i32, i64)], end: u64) -> (Queues, Ve
 
 /// Asserts queues equal and the index equal, allowing (when `allow_reindexed`) the one
 /// documented duplicate: after an index is cut, the record its repair marks to index
-/// again may have its keys twice (src/index.rs; queries return it once).
+/// again may have its keys twice (src/index/; queries return it once).
 fn assert_same(
     what: &str,
     got_q: &Queues,

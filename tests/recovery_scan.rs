@@ -1,4 +1,4 @@
-//! Recovery's read-ahead scan (src/commit_log.rs `LogReader`: reads of
+//! Recovery's read-ahead scan (src/commit_log/reader.rs `LogReader`: reads of
 //! `READ_AHEAD_BYTES`, several in flight, records verified in the read buffers) over
 //! a log many reads long, with records that span two reads and one that spans
 //! several:
