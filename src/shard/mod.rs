@@ -73,6 +73,9 @@ pub struct ShardedConfig {
     pub spin_before_park: Option<Duration>,
     /// glommio registered I/O memory per shard.
     pub io_memory_bytes: usize,
+    /// glommio `preempt_timer`: how long a task queue may run while another waits
+    /// (`None`: glommio's default, 100 ms).
+    pub preempt_timer: Option<Duration>,
 }
 
 impl ShardedConfig {
@@ -88,6 +91,7 @@ impl ShardedConfig {
             channel_capacity: 4096,
             spin_before_park: None,
             io_memory_bytes: 64 << 20,
+            preempt_timer: None,
         }
     }
 
@@ -259,6 +263,9 @@ impl ShardedStore {
                 .io_memory(cfg.io_memory_bytes);
             if let Some(spin) = cfg.spin_before_park {
                 builder = builder.spin_before_park(spin);
+            }
+            if let Some(t) = cfg.preempt_timer {
+                builder = builder.preempt_timer(t);
             }
             let (ready_tx, ready_rx) = flume::bounded(1);
             let store_cfg = cfg.shard_config(i);
