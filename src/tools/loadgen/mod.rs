@@ -73,6 +73,7 @@
 mod catch_up;
 mod config;
 mod consume;
+mod executor;
 mod key_queries;
 mod local;
 mod measure;

@@ -3,6 +3,7 @@
 //! the store down, and put the figures together.
 
 use super::config::{LoadConfig, Via};
+use super::executor::block_on_all;
 use super::local::{ShardResult, shard_job};
 use super::measure::{load_average, now_ns, process_usage};
 use super::plan::{Plan, ShardCounters};
@@ -28,7 +29,7 @@ where
     let jobs = (0..handle.shards())
         .map(|i| handle.run_on(i, job.clone()))
         .collect();
-    let results = futures_lite::future::block_on(crate::wake::join_all(jobs));
+    let results = block_on_all(jobs);
     results
         .into_iter()
         .enumerate()
