@@ -41,7 +41,7 @@ impl PutPath for HandlePuts {
 }
 
 /// Starts one thread per outside producer of `plan`; each returns what it measured.
-/// The last one to finish marks every shard produced.
+/// The last one to end, however it ends, marks every shard produced.
 pub(super) fn spawn_producers(
     plan: &Arc<Plan>,
     handle: &Handle,
@@ -53,15 +53,24 @@ pub(super) fn spawn_producers(
         let spawned = std::thread::Builder::new()
             .name(format!("producer-{g}"))
             .spawn(move || {
-                let produced = produce(&plan, g, handle);
-                if plan.outside_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    (0..plan.shards).for_each(|s| plan.mark_produced(s));
-                }
-                produced
+                let _left = Left(plan.clone());
+                produce(&plan, g, handle)
             });
         threads.push(spawned.map_err(|e| format!("cannot start producer thread {g}: {e}"))?);
     }
     Ok(threads)
+}
+
+/// Counts an outside producer thread out when it ends, a panic included (the shards
+/// wait for all of them).
+struct Left(Arc<Plan>);
+
+impl Drop for Left {
+    fn drop(&mut self) {
+        if self.0.outside_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            (0..self.0.shards).for_each(|s| self.0.mark_produced(s));
+        }
+    }
 }
 
 /// Producer `g`'s lanes on this thread.
