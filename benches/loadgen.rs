@@ -4,14 +4,14 @@
 //!   `coremq bench` with its defaults (every CPU a shard, 64 queues, 1 KiB bodies,
 //!   256 puts outstanding, async flush, 10 s). Extra arguments after `--` are
 //!   `coremq bench` arguments, e.g. `cargo bench --bench loadgen -- --flush sync`.
-//! * `cargo test --benches` (no `--bench`): two tiny runs that go through every part
+//! * `cargo test --benches` (no `--bench`): tiny runs that go through every part
 //!   (single puts and batches, both flush modes, keys, body ranges, pacing, tailing
-//!   consumers, JSON and SVG) in a second or two, then a kept store read back from
-//!   the start, queried by key and reopened (`--mode`), so the load generator never
-//!   rots.
+//!   consumers, puts through the handle from outside threads, JSON and SVG) in a
+//!   second or two each, then a two-shard kept store read back from the start,
+//!   queried by key and reopened (`--mode`), so the load generator never rots.
 
 use clap::Parser;
-use coremq::tools::loadgen::{self, BodySize, Flush, LoadConfig, Mode};
+use coremq::tools::loadgen::{self, BodySize, Flush, LoadConfig, Mode, Via};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -69,7 +69,8 @@ fn kept_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("loadgen-kept")
 }
 
-/// Tiny parameters: one shard, two queues, 2000 messages per run.
+/// Tiny parameters: 2000 messages per run; one shard and two queues, or two shards
+/// with one queue each where the sharded layout matters.
 fn tiny_runs() -> Vec<LoadConfig> {
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let single = LoadConfig {
@@ -91,6 +92,21 @@ fn tiny_runs() -> Vec<LoadConfig> {
         quiet: true,
         ..LoadConfig::tiny()
     };
+    let two_shards = LoadConfig {
+        shards: Some(2),
+        queues_per_shard: Some(1),
+        ..LoadConfig::tiny()
+    };
+    let outside = LoadConfig {
+        label: "tiny: 2 threads through the handle, batches, 20k msg/s".into(),
+        via: Via::Handle,
+        producers: 2,
+        batch: 4,
+        rate: Some(20_000.0),
+        consumers: true,
+        quiet: true,
+        ..two_shards.clone()
+    };
     // A kept store, then the modes that work on it (scenarios 5-7), in order.
     let _ = std::fs::remove_dir_all(kept_dir());
     let kept = |label: &str, mode: Mode| LoadConfig {
@@ -99,11 +115,12 @@ fn tiny_runs() -> Vec<LoadConfig> {
         mode,
         quiet: true,
         queries: 200,
-        ..LoadConfig::tiny()
+        ..two_shards.clone()
     };
     vec![
         single,
         batched,
+        outside,
         kept("tiny: kept store", Mode::Produce),
         kept("tiny: catch-up", Mode::CatchUp),
         kept("tiny: key queries", Mode::KeyQueries),

@@ -6,11 +6,12 @@
 # on a preallocated file; sequential 1 MiB O_DIRECT reads; 4 KiB O_DIRECT random reads
 # at depth 1, the floor of a key query's record read), then the load generator's
 # scenarios (`coremq bench`), each result next to its baseline as a ratio:
-#   1-4  puts (async 1 KiB, async 16 KiB, sync group commit with 256 outstanding and
-#        3b one put at a time, tailing consumers);
+#   1-4  puts (async 1 KiB on the shards and 1b from threads through the handle,
+#        async 16 KiB, sync group commit with 256 outstanding and 3b one put at a
+#        time, tailing consumers);
 #   5    catch-up reads of a kept store several times larger than the write pools,
 #        from every queue's first offset (5a: one queue per shard, 5b: 64 queues);
-#   6    random key queries over a store with many keys;
+#   6    random key queries (each asking every shard) over a store with many keys;
 #   7    abnormal recovery: a writer SIGKILLed once its log is flushed, then the open
 #        timed, against fio reading as many bytes.
 #
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
         --only) only="$2"; shift ;;
         --dir) work="$2"; shift ;;
         --out) out="$2"; shift ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -176,7 +177,11 @@ export RUST_LOG="${RUST_LOG:-warn}"
 if want 1; then
     run s1-async-1k "async flush, 1 KiB, all shards, 64 queues" \
         --duration "$secs" --body 1024 --queues 64
-else skip s1-async-1k; fi
+    # 1b: the same load from two plain threads putting through the Send + Sync handle
+    # (what an embedder does first): every put crosses to its shard and back.
+    run s1b-handle "async flush, 1 KiB, 2 threads through the handle" \
+        --duration "$secs" --body 1024 --queues 64 --via handle --producers 2
+else skip s1-async-1k s1b-handle; fi
 if want 2; then
     run s2-async-16k "async flush, 16 KiB, all shards, 64 queues" \
         --duration "$secs" --body 16384 --queues 64
@@ -203,13 +208,15 @@ else skip s4-consumers; fi
 # offset by one reader per queue, 256 messages per get. The CommitLog is read with
 # O_DIRECT (no page cache to drop); only the newest windows of each shard's write
 # pool can serve reads from memory. 5a: one queue per shard (each reader's records
-# are contiguous); 5b: 64 queues (each reader's records are 1/32 of its shard's log).
+# are contiguous; queue ids picked so that every shard owns one); 5b: 64 queues
+# (each reader's records are about 1/32 of its shard's log).
 s5_bytes=$((s5_msgs * 4096))
 for v in a b; do
-    if [ "$v" = a ]; then q=2; what="1 queue per shard"; else q=64; what="64 queues"; fi
+    if [ "$v" = a ]; then q=(--queues-per-shard 1); what="1 queue per shard"
+    else q=(--queues 64); what="64 queues"; fi
     if want 5; then
         bench_run "s5$v-write" "catch-up log: $s5_msgs x 4 KiB, $what" "$work/s5$v-store" \
-            --messages "$s5_msgs" --body 4096 --queues "$q"
+            --messages "$s5_msgs" --body 4096 "${q[@]}"
         bench_run "s5$v-catch-up" "catch-up read, $what, 256 per get" "$work/s5$v-store" \
             --mode catch-up --pull-batch 256
         rm -rf "${work:?}/s5$v-store"
@@ -217,8 +224,8 @@ for v in a b; do
 done
 
 # Key queries (6): a store with s6_keys messages of one key each (128 B bodies),
-# shut down, reopened, then random queries one at a time per shard (1 in 100 for a
-# key never written).
+# shut down, reopened, then random queries one at a time, each through the handle's
+# all-shard query (1 in 100 for a key never written).
 if want 6; then
     bench_run s6-write "key index: $s6_keys keys" "$work/s6-store" \
         --messages "$s6_keys" --body 128 --queues 64
@@ -275,6 +282,15 @@ s1_result() {
         "dispatch up to $(fmt "$(j s1-async-1k '.max_dispatch_lag_bytes / 1e6')" 0) MB behind"
 }
 s1_ratio() { ratio "$(j s1-async-1k .mb_per_sec)" "$write_mb"; }
+s1b_result() {
+    echo "$(fmt "$(j s1b-handle .messages_per_sec)") msg/s, $(fmt "$(j s1b-handle .mb_per_sec)" 1) MB/s;" \
+        "put p50 $(fmt "$(j s1b-handle .put_latency_us.p50)" 1) µs, p99 $(fmt "$(j s1b-handle .put_latency_us.p99)" 1) µs;" \
+        "$(fmt "$(j s1b-handle .cpu_us_per_message)" 2) µs CPU/msg"
+}
+s1b_ratio() {
+    echo "$(ratio "$(j s1b-handle .mb_per_sec)" "$write_mb") of fio;" \
+        "$(ratio "$(j s1b-handle .messages_per_sec)" "$(j s1-async-1k '[.messages_per_sec, 1] | max')") of 1"
+}
 s2_result() {
     echo "$(fmt "$(j s2-async-16k .messages_per_sec)") msg/s, $(fmt "$(j s2-async-16k .mb_per_sec)" 1) MB/s" \
         "($(fmt "$(j s2-async-16k .log_mb_per_sec)" 1) MB/s log); put p99 $(fmt "$(j s2-async-16k .put_latency_us.p99)" 1) µs"
@@ -341,6 +357,8 @@ s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
     row --- --- --- ---
     scenario s1-async-1k "1. async, 1 KiB, all shards, 64 queues" \
         "fio seq write $(fmt "$write_mb" 1) MB/s" s1_result s1_ratio
+    scenario s1b-handle "1b. async, 1 KiB, 2 threads through the handle" \
+        "fio seq write $(fmt "$write_mb" 1) MB/s; scenario 1" s1b_result s1b_ratio
     scenario s2-async-16k "2. async, 16 KiB" \
         "fio seq write $(fmt "$write_mb" 1) MB/s" s2_result s2_ratio
     scenario s3-sync-1k "3. sync (group commit), 1 KiB, 256 outstanding" \
@@ -355,7 +373,7 @@ s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
         "fio seq read $(fmt "$read_mb" 1) MB/s" s5a_result s5a_ratio
     scenario s5b-catch-up "5b. catch-up read, $(fmt "$s5_msgs") x 4 KiB, 64 queues" \
         "fio seq read $(fmt "$read_mb" 1) MB/s" s5b_result s5b_ratio
-    scenario s6-key-queries "6. key queries, one at a time per shard" \
+    scenario s6-key-queries "6. key queries, one at a time, all shards each" \
         "target p99 < 1 ms (10 M keys); fio 4 KiB random read p50 $(fmt "$rr50") µs, p99 $(fmt "$rr99") µs" \
         s6_result s6_ratio
     scenario s7-recovery "7. abnormal recovery after SIGKILL, $(fmt "$s7_msgs") x 1 KiB" \
@@ -378,7 +396,8 @@ jq -n \
     --argjson fsync_p50 "$fsync_p50" --argjson fsync_p99 "$fsync_p99" \
     --argjson w50 "$w50" --argjson w99 "$w99" --argjson s50 "$s50" --argjson s99 "$s99" \
     --argjson sync_iops "$sync_iops" --argjson rr50 "$rr50" --argjson rr99 "$rr99" \
-    --slurpfile s1 "$detail/s1-async-1k.json" --slurpfile s2 "$detail/s2-async-16k.json" \
+    --slurpfile s1 "$detail/s1-async-1k.json" --slurpfile s1b "$detail/s1b-handle.json" \
+    --slurpfile s2 "$detail/s2-async-16k.json" \
     --slurpfile s3 "$detail/s3-sync-1k.json" --slurpfile s3b "$detail/s3b-sync-1.json" \
     --slurpfile s4 "$detail/s4-consumers.json" \
     --slurpfile s5aw "$detail/s5a-write.json" --slurpfile s5a "$detail/s5a-catch-up.json" \
@@ -399,6 +418,7 @@ jq -n \
         },
         scenarios: {
             "1_async_1k": ($s1[0] + {ratio_to_fio_write: (($s1[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
+            "1b_async_1k_via_handle": ($s1b[0] + {ratio_to_fio_write: (($s1b[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
             "2_async_16k": ($s2[0] + {ratio_to_fio_write: (($s2[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
             "3_sync_1k": ($s3[0] + {p99_ratio_to_fio_fdatasync: (($s3[0].put_latency_us.p99 // 0) / $fsync_p99)}),
             "3b_sync_1k_1_outstanding": ($s3b[0] + {

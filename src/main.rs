@@ -1,16 +1,18 @@
 //! The `coremq` command line.
 //!
-//! * `coremq inspect records|queue|check DIR ...`: offline, read-only inspection of a
-//!   store directory (see `coremq::inspect`); JSON lines on stdout.
+//! * `coremq inspect records|queue|check|key DIR ...`: offline, read-only inspection of
+//!   a store directory (see `coremq::tools::inspect`); JSON lines on stdout.
 //! * `coremq run`: the main job on an embedded default: opens a store in a data
 //!   directory, puts N messages with up to 256 puts outstanding, reads every queue
 //!   back and verifies every body, shuts down cleanly and prints a JSON summary.
 //! * `coremq serve`: a node speaking RocketMQ's remoting protocol (see `coremq::node`);
 //!   defaults, then `--config coremq.toml`, then the address flags; SIGINT/SIGTERM
 //!   shut it down cleanly.
-//! * `coremq bench`: the load generator (`coremq::loadgen`): producers and optional
-//!   tailing consumers on every shard; prints throughput, latency percentiles, CPU per
-//!   message and peak memory; `--json FILE` and `--svg FILE` write the report.
+//! * `coremq bench`: the load generator (`coremq::tools::loadgen`) on a sharded store:
+//!   producers on the shards or on threads through the handle (`--via`), optional
+//!   tailing consumers, and modes for a kept store (catch-up, key queries, recovery);
+//!   prints throughput, latency percentiles, CPU per message and peak memory; `--json
+//!   FILE` and `--svg FILE` write the report; `--target HOST:PORT` drives a node.
 //!
 //! Exit codes: 0 success, 1 a problem was found (check failed, verification failed,
 //! no such queue), 2 the command could not run (bad arguments, unreadable files,
@@ -49,7 +51,8 @@ enum Cmd {
     },
     /// Put, read back and verify messages on an embedded store; print a JSON summary.
     Run(RunArgs),
-    /// Load generator: producers (and tailing consumers) on every shard; reports
+    /// Load generator on a sharded store: producers on the shards (--via local) or on
+    /// threads through the handle (--via handle), optional tailing consumers; reports
     /// throughput, put and end-to-end latency percentiles, CPU per message, peak memory.
     Bench(Box<coremq::tools::loadgen::LoadConfig>),
     /// Serve RocketMQ's remoting protocol (broker and name-server ports) over a

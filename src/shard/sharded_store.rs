@@ -44,6 +44,9 @@ pub struct ShardedConfig {
     pub spin_before_park: Option<Duration>,
     /// glommio registered I/O memory per shard.
     pub io_memory_bytes: usize,
+    /// glommio `preempt_timer`: how long a task queue may run while another waits
+    /// (`None`: glommio's default, 100 ms).
+    pub preempt_timer: Option<Duration>,
 }
 
 impl ShardedConfig {
@@ -59,6 +62,7 @@ impl ShardedConfig {
             channel_capacity: 4096,
             spin_before_park: None,
             io_memory_bytes: 64 << 20,
+            preempt_timer: None,
         }
     }
 
@@ -88,13 +92,16 @@ impl ShardedConfig {
         } else {
             glommio::Placement::Unbound
         };
-        let builder = glommio::LocalExecutorBuilder::new(placement)
+        let mut builder = glommio::LocalExecutorBuilder::new(placement)
             .name(&format!("coremq-shard-{i}"))
             .io_memory(self.io_memory_bytes);
-        match self.spin_before_park {
-            Some(spin) => builder.spin_before_park(spin),
-            None => builder,
+        if let Some(spin) = self.spin_before_park {
+            builder = builder.spin_before_park(spin);
         }
+        if let Some(t) = self.preempt_timer {
+            builder = builder.preempt_timer(t);
+        }
+        builder
     }
 }
 

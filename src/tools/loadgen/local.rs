@@ -1,0 +1,251 @@
+//! What a produce run does on each shard, sent there with `Handle::run_on`: the
+//! shard's producers with `--via local` (each putting to the shard's own `Store`, the
+//! path with no hop), its tailing consumers, and a monitor publishing the shard's log
+//! positions for the progress line and `--kill-after-flush`.
+//!
+//! Producers and consumers get task queues of their own with equal shares, so neither
+//! starves the other nor the store's background tasks (the executor preempts a queue
+//! after `PREEMPT_TIMER`).
+
+use super::config::Via;
+use super::consume::{Signal, consume, watch_dispatch};
+use super::measure::now_ns;
+use super::plan::{Plan, ShardCounters};
+use super::produce::{LaneStats, Produced, Producer, PutPath, lane};
+use super::report::new_histogram;
+use crate::{Message, PutStatus, ShardContext, Store};
+use glommio::{Latency, Shares, executor, spawn_local_into};
+use hdrhistogram::Histogram;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How often the monitor publishes the store's positions.
+const MONITOR_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a shard looks whether the outside producers are done.
+const OUTSIDE_DONE_POLL: Duration = Duration::from_millis(1);
+
+/// One shard's state during a produce run, shared by its tasks.
+pub(super) struct Shard {
+    pub index: usize,
+    pub store: Store,
+    pub plan: Arc<Plan>,
+    /// Whether this shard's producers run on it (`--via local`).
+    pub local_producers: bool,
+    pub e2e_latency: RefCell<Histogram<u64>>,
+    first_error: RefCell<Option<String>>,
+    /// Local producers notify after every put, for the dispatch watcher.
+    pub arrival: Signal,
+    /// New records are visible to `get`.
+    pub visible: Signal,
+    pub producing: Cell<bool>,
+    /// Everything put is visible: consumers may stop once they have read it.
+    pub drained: Cell<bool>,
+    /// The drain timeout passed: consumers stop where they are.
+    pub stop_consumers: Cell<bool>,
+}
+
+impl Shard {
+    pub fn counters(&self) -> &ShardCounters {
+        &self.plan.counters[self.index]
+    }
+
+    pub fn error(&self, what: String) {
+        self.first_error.borrow_mut().get_or_insert(what);
+    }
+}
+
+/// What one shard measured.
+pub(super) struct ShardResult {
+    /// The shard's own producers (`--via local`; none on a shard owning no queue).
+    pub produced: Option<Produced>,
+    /// Messages consumed by the time the producers were done.
+    pub consumed_while_producing: u64,
+    pub log_bytes: u64,
+    pub first_error: Option<String>,
+    pub e2e_latency: Histogram<u64>,
+}
+
+/// Puts on the shard that owns the queue: `Store::put` by reference, so a lane
+/// refills the same messages.
+struct LocalPuts(Rc<Shard>);
+
+impl PutPath for LocalPuts {
+    async fn put(&self, msgs: &mut Vec<Message>) -> PutStatus {
+        if msgs.len() == 1 {
+            self.0.store.put(&msgs[0]).await.status
+        } else {
+            self.0.store.put_batch(msgs).await.status
+        }
+    }
+
+    async fn sleep_until(&self, ns: u64) {
+        glommio::timer::sleep(Duration::from_nanos(ns.saturating_sub(now_ns()))).await;
+    }
+
+    /// Every outstanding put is its own request: take turns, as a broker serving
+    /// requests would, rather than let one lane run until the pool is full.
+    async fn after_put(&self) {
+        if self.0.plan.cfg.consumers {
+            self.0.arrival.notify();
+        }
+        futures_lite::future::yield_now().await;
+    }
+}
+
+/// A produce run's work on shard `ctx.shard`, until its producers are done and its
+/// consumers have read everything (or the drain timeout passed).
+pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult {
+    let index = ctx.shard;
+    let store = ctx.store;
+    let local: Vec<usize> = plan.producers_on(index).collect();
+    let shard = Rc::new(Shard {
+        index,
+        store: store.clone(),
+        plan: plan.clone(),
+        local_producers: plan.cfg.via == Via::Local,
+        e2e_latency: RefCell::new(new_histogram()),
+        first_error: RefCell::new(None),
+        arrival: Signal::default(),
+        visible: Signal::default(),
+        producing: Cell::new(true),
+        drained: Cell::new(false),
+        stop_consumers: Cell::new(false),
+    });
+    let log_start = store.max_log_offset();
+
+    let mut consumers = Vec::new();
+    if plan.cfg.consumers {
+        let tq =
+            executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "consumers");
+        for q in plan.owned[index].iter() {
+            // Start at the end: only this run's messages are read.
+            let from = store.max_queue_offset(&q.topic, q.id);
+            let fut = consume(shard.clone(), q.topic.clone(), q.id, from);
+            consumers.push(spawn_local_into(fut, tq).expect("spawn consumer"));
+        }
+        consumers.push(spawn_local_into(watch_dispatch(shard.clone()), tq).expect("spawn watcher"));
+    }
+    // Detached: it keeps reporting while the store shuts down, until the executor ends.
+    glommio::spawn_local(monitor(store.clone(), plan.clone(), index)).detach();
+    plan.ready.fetch_add(1, Ordering::Release);
+
+    let produced = if shard.local_producers {
+        let p = run_producers(&shard, &local).await;
+        plan.mark_produced(index);
+        p
+    } else {
+        while !shard.counters().produced.load(Ordering::Relaxed) {
+            glommio::timer::sleep(OUTSIDE_DONE_POLL).await;
+        }
+        None
+    };
+    shard.producing.set(false);
+    let consumed_while_producing = shard.counters().consumed.load(Ordering::Relaxed);
+    shard.arrival.notify();
+    drain(&shard, consumers).await;
+    if plan.cfg.kill_after_flush {
+        // The main thread SIGKILLs the process once every shard's log is flushed: a
+        // shard done early must not shut down cleanly before then (scenario 7 then
+        // timed one clean and one abnormal open).
+        std::future::pending::<()>().await;
+    }
+    ShardResult {
+        produced,
+        consumed_while_producing,
+        log_bytes: store.max_log_offset() - log_start,
+        first_error: shard.first_error.borrow_mut().take(),
+        e2e_latency: shard.e2e_latency.replace(new_histogram()),
+    }
+}
+
+/// Runs the producers `local` (global indexes) on this shard until they are done.
+async fn run_producers(shard: &Rc<Shard>, local: &[usize]) -> Option<Produced> {
+    if local.is_empty() {
+        return None;
+    }
+    let plan = &shard.plan;
+    let start_ns = now_ns();
+    let stats = LaneStats::new();
+    let path = Rc::new(LocalPuts(shard.clone()));
+    let tq = executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "producers");
+    let mut lanes = Vec::new();
+    for &g in local {
+        let producer = Producer::new(plan, g, start_ns, &stats);
+        for l in 0..plan.cfg.outstanding {
+            let fut = lane(producer.clone(), path.clone(), l as u64);
+            lanes.push(spawn_local_into(fut, tq).expect("spawn producer"));
+        }
+    }
+    let mut ends = Vec::with_capacity(lanes.len());
+    for l in lanes {
+        ends.push(l.await);
+    }
+    Some(stats.finish(start_ns, ends))
+}
+
+/// Waits for the consumers to read everything put, at most `--drain-timeout` seconds;
+/// then stops them where they are and reports how far behind they were.
+async fn drain(shard: &Rc<Shard>, consumers: Vec<glommio::Task<()>>) {
+    let cfg = &shard.plan.cfg;
+    let deadline = now_ns() + (cfg.drain_timeout.max(0.0) * 1e9) as u64;
+    let mut timed_out = false;
+    for mut c in consumers {
+        if !timed_out {
+            let left = Duration::from_nanos(deadline.saturating_sub(now_ns()));
+            let finished = futures_lite::future::or(
+                async {
+                    (&mut c).await;
+                    true
+                },
+                async {
+                    glommio::timer::sleep(left).await;
+                    false
+                },
+            )
+            .await;
+            if finished {
+                continue;
+            }
+            timed_out = true;
+            shard.stop_consumers.set(true);
+            shard.visible.notify();
+        }
+        c.await;
+    }
+    if timed_out {
+        let c = shard.counters();
+        shard.error(format!(
+            "shard {}: consumers were {} messages behind after the {} s drain timeout",
+            shard.index,
+            c.messages
+                .load(Ordering::Relaxed)
+                .saturating_sub(c.consumed.load(Ordering::Relaxed)),
+            cfg.drain_timeout
+        ));
+    }
+    shard.drained.set(true);
+}
+
+/// Publishes the store's log positions for the progress thread, until the executor
+/// ends (after the store's shutdown).
+async fn monitor(store: Store, plan: Arc<Plan>, index: usize) {
+    loop {
+        let positions = [
+            store.max_log_offset(),
+            store.committed_log_offset(),
+            store.flushed_log_offset(),
+            store.dispatched_log_offset(),
+        ];
+        let c = &plan.counters[index];
+        for (a, v) in c.log.iter().zip(positions) {
+            a.store(v, Ordering::Relaxed);
+        }
+        c.heartbeat.fetch_add(1, Ordering::Relaxed);
+        c.max_dispatch_lag
+            .fetch_max(positions[0] - positions[3], Ordering::Relaxed);
+        glommio::timer::sleep(MONITOR_INTERVAL).await;
+    }
+}

@@ -1,0 +1,69 @@
+//! The clocks, CPU time and memory figures the reports are made of.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The monotonic clock's zero, and the wall clock (ms since the epoch) then.
+static CLOCK_BASE: OnceLock<(Instant, i64)> = OnceLock::new();
+
+fn clock_base() -> &'static (Instant, i64) {
+    CLOCK_BASE.get_or_init(|| (Instant::now(), crate::now_ms()))
+}
+
+/// Nanoseconds of a monotonic clock shared by every thread of the process (since its
+/// first use), so a time taken on one shard can be compared on another.
+pub fn now_ns() -> u64 {
+    clock_base().0.elapsed().as_nanos() as u64
+}
+
+/// Wall-clock milliseconds at `now_ns() == ns` (a message's born timestamp without
+/// another clock read).
+pub(super) fn wall_ms(ns: u64) -> i64 {
+    clock_base().1 + (ns / 1_000_000) as i64
+}
+
+/// The process's CPU time (user + system) in seconds and its peak RSS in bytes.
+pub(super) fn process_usage() -> (f64, u64) {
+    // SAFETY: getrusage only writes the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return (0.0, 0);
+        }
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (
+        secs(ru.ru_utime) + secs(ru.ru_stime),
+        ru.ru_maxrss as u64 * 1024,
+    )
+}
+
+/// The CPUs this process may run on, ascending.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into `set`.
+    let cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            Vec::new()
+        } else {
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    };
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..n).collect()
+    } else {
+        cpus
+    }
+}
+
+/// The 1, 5 and 15 minute load averages before a run (other load on the machine skews
+/// the numbers).
+pub(super) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

@@ -1,0 +1,255 @@
+//! Who puts what where: the queues each shard owns, the producers and their queues,
+//! and the counters every thread of a run shares.
+//!
+//! A queue belongs to the shard [`shard_of`] names, the rule `ShardedStore` routes by,
+//! so each producer's puts land where a `Handle::put` of the same message would. The
+//! layout is a pure function of the configuration and the shard count: the key-query
+//! mode rebuilds it to know which queue each key went to.
+
+use super::config::{LoadConfig, Via};
+use crate::shard::shard_of;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// One queue of the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct QueueRef {
+    pub topic: String,
+    pub id: i32,
+    /// The shard owning it.
+    pub shard: usize,
+}
+
+/// One producer: where it runs and the queues it cycles through.
+pub(super) struct ProducerPlan {
+    /// The shard it runs on (`--via local`); `None`: an outside thread (`--via handle`).
+    pub shard: Option<usize>,
+    pub queues: Arc<Vec<QueueRef>>,
+    /// Where in `queues` it starts, so producers sharing queues spread over them.
+    pub first: usize,
+}
+
+/// Counters a shard's work updates and the progress line reads (one cache line each).
+#[repr(align(128))]
+#[derive(Default)]
+pub(super) struct ShardCounters {
+    pub messages: AtomicU64,
+    pub bytes: AtomicU64,
+    pub consumed: AtomicU64,
+    pub errors: AtomicU64,
+    /// The store's log positions, published by the shard's monitor task for the stall
+    /// report and `--kill-after-flush`: written, committed, flushed, dispatched.
+    pub log: [AtomicU64; 4],
+    /// Every producer putting to this shard is done.
+    pub produced: AtomicBool,
+    /// Rounds of the monitor task: whether the shard's executor still runs tasks.
+    pub heartbeat: AtomicU64,
+    /// Largest written - dispatched the monitor saw: records not yet visible to gets.
+    pub max_dispatch_lag: AtomicU64,
+}
+
+/// What every thread of a run shares, read-only but for the counters.
+pub(super) struct Plan {
+    pub cfg: LoadConfig,
+    pub shards: usize,
+    /// The queues of each shard, in topic then queue-id order.
+    pub owned: Vec<Arc<Vec<QueueRef>>>,
+    pub producers: Vec<ProducerPlan>,
+    /// Random bytes the bodies are copied from (empty when nothing is put).
+    pub pattern: Vec<u8>,
+    pub counters: Vec<ShardCounters>,
+    /// Shard jobs whose consumers are in place (outside producers start after all).
+    pub ready: AtomicUsize,
+    /// Outside producer threads still putting.
+    pub outside_left: AtomicUsize,
+}
+
+impl Plan {
+    pub fn new(cfg: &LoadConfig, shards: usize, pattern: Vec<u8>) -> Result<Plan, String> {
+        let all = queue_layout(cfg, shards)?;
+        let owned: Vec<Arc<Vec<QueueRef>>> = (0..shards)
+            .map(|s| Arc::new(all.iter().filter(|q| q.shard == s).cloned().collect()))
+            .collect();
+        let producers: Vec<ProducerPlan> = match cfg.via {
+            Via::Local => owned
+                .iter()
+                .enumerate()
+                .filter(|(_, queues)| !queues.is_empty())
+                .flat_map(|(s, queues)| {
+                    (0..cfg.producers as usize).map(move |p| ProducerPlan {
+                        shard: Some(s),
+                        queues: queues.clone(),
+                        first: p,
+                    })
+                })
+                .collect(),
+            Via::Handle => {
+                let all = Arc::new(all);
+                (0..cfg.producers as usize)
+                    .map(|p| ProducerPlan {
+                        shard: None,
+                        queues: all.clone(),
+                        first: p,
+                    })
+                    .collect()
+            }
+        };
+        let outside = producers.iter().filter(|p| p.shard.is_none()).count();
+        Ok(Plan {
+            cfg: cfg.clone(),
+            shards,
+            owned,
+            producers,
+            pattern,
+            counters: (0..shards).map(|_| ShardCounters::default()).collect(),
+            ready: AtomicUsize::new(0),
+            outside_left: AtomicUsize::new(outside),
+        })
+    }
+
+    /// Messages producer `g` puts, in message-count mode.
+    pub fn quota(&self, g: usize) -> Option<u64> {
+        let total = self.cfg.messages?;
+        let n = self.producers.len() as u64;
+        Some(total / n + u64::from((g as u64) < total % n))
+    }
+
+    /// Messages per second of one producer, under `--rate`.
+    pub fn producer_rate(&self) -> Option<f64> {
+        self.cfg.rate.map(|r| r / self.producers.len() as f64)
+    }
+
+    /// The queue message `seq` of producer `g` goes to (a batch goes to one queue).
+    pub fn queue_of(&self, g: usize, seq: u64) -> &QueueRef {
+        let p = &self.producers[g];
+        let turn = (seq / self.cfg.batch as u64) as usize;
+        &p.queues[(p.first + turn) % p.queues.len()]
+    }
+
+    /// The producers running on shard `s`, by global index.
+    pub fn producers_on(&self, s: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.producers.len()).filter(move |&g| self.producers[g].shard == Some(s))
+    }
+
+    /// How many queues each shard owns.
+    pub fn queue_counts(&self) -> Vec<usize> {
+        self.owned.iter().map(|q| q.len()).collect()
+    }
+
+    /// Every producer putting to shard `s` is done.
+    pub fn mark_produced(&self, s: usize) {
+        self.counters[s].produced.store(true, Ordering::Relaxed);
+    }
+
+    pub fn all_produced(&self) -> bool {
+        self.counters
+            .iter()
+            .all(|c| c.produced.load(Ordering::Relaxed))
+    }
+}
+
+/// The queues of the run in topic then queue-id order, each with its shard: topic
+/// `BenchTopic<t>`'s ids `0..--queues`, or with `--queues-per-shard N` the first N ids
+/// each shard owns.
+fn queue_layout(cfg: &LoadConfig, shards: usize) -> Result<Vec<QueueRef>, String> {
+    let mut all = Vec::new();
+    for t in 0..cfg.topics {
+        let topic = format!("BenchTopic{t}");
+        let Some(per_shard) = cfg.queues_per_shard else {
+            all.extend((0..cfg.queues as i32).map(|id| QueueRef {
+                shard: shard_of(&topic, id, shards),
+                topic: topic.clone(),
+                id,
+            }));
+            continue;
+        };
+        let mut have = vec![0; shards];
+        let mut id = 0;
+        while have.iter().any(|n| *n < per_shard) {
+            // The store's default `max_queue_id_exclusive`.
+            if id == 65_536 {
+                return Err(format!(
+                    "no {per_shard} queue ids below 65536 for each of {shards} shards"
+                ));
+            }
+            let shard = shard_of(&topic, id, shards);
+            if have[shard] < per_shard {
+                have[shard] += 1;
+                all.push(QueueRef {
+                    topic: topic.clone(),
+                    id,
+                    shard,
+                });
+            }
+            id += 1;
+        }
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(shards: u32) -> LoadConfig {
+        LoadConfig {
+            shards: Some(shards),
+            ..LoadConfig::default()
+        }
+    }
+
+    #[test]
+    fn queues_belong_to_the_shard_the_store_routes_to() {
+        let plan = Plan::new(&cfg(3), 3, Vec::new()).unwrap();
+        for (s, queues) in plan.owned.iter().enumerate() {
+            assert!(queues.iter().all(|q| shard_of(&q.topic, q.id, 3) == s));
+        }
+        assert_eq!(plan.queue_counts().iter().sum::<usize>(), 64);
+        // Producers run on the shard owning their queues.
+        for (g, p) in plan.producers.iter().enumerate() {
+            assert!(plan.queue_of(g, 0).shard == p.shard.unwrap());
+        }
+    }
+
+    #[test]
+    fn queues_per_shard_gives_every_shard_as_many() {
+        let c = LoadConfig {
+            queues_per_shard: Some(2),
+            topics: 2,
+            ..cfg(4)
+        };
+        let plan = Plan::new(&c, 4, Vec::new()).unwrap();
+        assert_eq!(plan.queue_counts(), vec![4, 4, 4, 4]);
+        assert_eq!(plan.producers.len(), 4);
+    }
+
+    #[test]
+    fn producers_split_the_messages_exactly() {
+        for via in [Via::Local, Via::Handle] {
+            let c = LoadConfig {
+                producers: 2,
+                messages: Some(1001),
+                via,
+                ..cfg(3)
+            };
+            let plan = Plan::new(&c, 3, Vec::new()).unwrap();
+            let n = plan.producers.len();
+            assert_eq!(n, if via == Via::Local { 6 } else { 2 });
+            let sum: u64 = (0..n).map(|g| plan.quota(g).unwrap()).sum();
+            assert_eq!(sum, 1001);
+        }
+    }
+
+    #[test]
+    fn shards_without_queues_run_no_producers() {
+        // Queues 0 and 1 of BenchTopic0 both belong to shard 0 of 2.
+        let c = LoadConfig {
+            queues: 2,
+            ..cfg(2)
+        };
+        let plan = Plan::new(&c, 2, Vec::new()).unwrap();
+        assert_eq!(plan.queue_counts(), vec![2, 0]);
+        assert_eq!(plan.producers_on(1).count(), 0);
+        assert_eq!(plan.producers.len(), 1);
+    }
+}
