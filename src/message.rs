@@ -85,12 +85,15 @@ pub enum IllegalReason {
 pub enum PutStatus {
     /// Stored (and, in sync-flush mode, durable).
     PutOk,
-    /// Sync flush: stored but not known durable within the timeout.
+    /// Sync flush: stored but not known durable within the timeout, or its flush
+    /// failed (the store then stops taking writes): after a reopen the record is there
+    /// or not. RocketMQ clients do not retry it.
     FlushDiskTimeout,
     MessageIllegal(IllegalReason),
     /// Encoded properties over 32767 bytes.
     PropertiesSizeExceeded,
-    /// The store is shutting down or stopped taking writes after an I/O failure.
+    /// The store is shutting down or stopped taking writes after an I/O failure;
+    /// nothing was stored (RocketMQ clients retry it).
     ServiceNotAvailable,
     /// A new CommitLog segment could not be created.
     CreateMappedFileFailed,

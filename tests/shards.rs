@@ -275,7 +275,15 @@ fn an_io_error_stops_only_that_shard() {
     for i in 0..200 {
         let r = block_on(h.put(Message::new("T", q1, big.clone())));
         if r.status != PutStatus::PutOk {
-            assert_eq!(r.status, PutStatus::ServiceNotAvailable);
+            // Appended, then its write failed: stored, durability unknown. (A put
+            // refused before it was appended: nothing stored.)
+            assert!(
+                matches!(
+                    r.status,
+                    PutStatus::FlushDiskTimeout | PutStatus::ServiceNotAvailable
+                ),
+                "{r:?}"
+            );
             failed_at = Some(i);
             break;
         }

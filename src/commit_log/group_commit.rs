@@ -38,8 +38,9 @@
 //! `written` are never modified again, and a buffer is recycled only after `flushed`
 //! (as read back from here) has passed its end, so no round in flight reads it. The
 //! thread only ever reads buffer memory, and only below `written`; the shard only writes
-//! at or past `written`. The shard stops and joins the thread before it frees the
-//! buffers (`Drop`).
+//! at or past `written`, through references over exactly those bytes (who touches which
+//! bytes, and the orderings: `transient_store_pool.rs`). The shard stops and joins the
+//! thread before it frees the buffers (`Drop`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};

@@ -39,6 +39,7 @@ pub(super) async fn open_segments(
         if len == 0 && i + 1 == count {
             // A segment created but never sized (crash during creation).
             cfg.disk.remove_file(&path)?;
+            cfg.disk.sync_dir(dir)?;
             continue;
         }
         if start % seg_bytes != 0 || len != seg_bytes {

@@ -221,9 +221,15 @@ impl ConsumeQueue {
             .range(first + 1..)
             .map(|(k, _)| *k)
             .collect();
+        let removed = !doomed.is_empty();
         for k in doomed {
             let f = self.files.borrow_mut().remove(&k).unwrap();
             self.disk.remove_file(&f.path)?;
+        }
+        if removed {
+            // A removed file that came back after a crash could hold entries naming
+            // records the log holds by then.
+            self.disk.sync_dir(&self.dir)?;
         }
         let file = self.files.borrow()[&first].clone();
         let byte_end = n * E;

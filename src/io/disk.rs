@@ -3,6 +3,13 @@
 //! free space. Every failure becomes an error naming the operation, the path and the
 //! offset.
 //!
+//! A directory entry (a created, renamed or removed file or directory) is durable only
+//! once its directory is fsynced. `create_dir_all` syncs every directory it creates
+//! and the parent holding the topmost one; `create_sized`, `write_file_durable` and
+//! `replace_file` sync the file's directory, `remove_dir_all` its parent; after
+//! `open(create)` and `remove_file` the caller syncs the directory (`sync_dir`) before
+//! it relies on the change (the simulated disk loses unsynced entries).
+//!
 //! glommio decides once per executor thread whether a device supports polled I/O by
 //! reading the first block of the first `DmaFile` it opens. If that block was never
 //! written (empty, sparse or preallocated file) the probe wrongly succeeds and later
@@ -53,12 +60,34 @@ impl Disk {
         }
     }
 
+    /// Creates `dir` and any missing parents, and makes them durable: each new
+    /// directory is fsynced, and so is the parent of the topmost one, which holds its
+    /// entry (a directory entry is durable only once its parent is synced). Nothing is
+    /// synced when `dir` exists.
     pub fn create_dir_all(&self, dir: &Path) -> Result<()> {
+        let mut new = Vec::new();
+        let mut at = Some(dir);
+        while let Some(p) = at.filter(|p| !p.as_os_str().is_empty() && !self.exists(p)) {
+            new.push(p);
+            at = p.parent();
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
         match self {
             Disk::Real => std::fs::create_dir_all(dir),
             Disk::Sim(d) => d.create_dir_all(dir),
         }
-        .map_err(|e| Error::io("create dir", dir, 0, e))
+        .map_err(|e| Error::io("create dir", dir, 0, e))?;
+        for p in &new {
+            self.sync_dir(p)?;
+        }
+        match at {
+            Some(p) if !p.as_os_str().is_empty() => self.sync_dir(p),
+            // A relative path's top: its entry is in the current directory.
+            Some(_) if matches!(self, Disk::Real) => self.sync_dir(Path::new(".")),
+            _ => Ok(()),
+        }
     }
 
     pub fn exists(&self, path: &Path) -> bool {
@@ -122,6 +151,7 @@ impl Disk {
         self.sync_dir(path.parent().unwrap_or(Path::new(".")))
     }
 
+    /// Removes a file; durable once the caller syncs the directory (`sync_dir`).
     pub fn remove_file(&self, path: &Path) -> Result<()> {
         match self {
             Disk::Real => std::fs::remove_file(path),
@@ -130,12 +160,14 @@ impl Disk {
         .map_err(|e| Error::io("remove", path, 0, e))
     }
 
+    /// Removes a directory tree and syncs its parent, so the removal is durable.
     pub fn remove_dir_all(&self, path: &Path) -> Result<()> {
         match self {
             Disk::Real => std::fs::remove_dir_all(path),
             Disk::Sim(d) => d.remove_dir_all(path),
         }
-        .map_err(|e| Error::io("remove dir", path, 0, e))
+        .map_err(|e| Error::io("remove dir", path, 0, e))?;
+        self.sync_dir(path.parent().unwrap_or(Path::new(".")))
     }
 
     /// fsyncs a directory so that created, renamed and removed entries are durable.
@@ -230,7 +262,8 @@ impl Disk {
         }
     }
 
-    /// Opens (creating if asked) read-write: O_DIRECT on the real disk.
+    /// Opens (creating if asked) read-write: O_DIRECT on the real disk. A created
+    /// file's name is durable once the caller syncs its directory.
     pub async fn open(&self, path: &Path, create: bool) -> Result<Rc<File>> {
         let backing = match self {
             Disk::Real => Backing::Dma(ManuallyDrop::new(

@@ -8,9 +8,12 @@
 //! * A file's bytes become durable only when the file is synced. Until then every
 //!   512-byte sector written since the last sync is independently old or new after a
 //!   crash (a torn write), and a length change may or may not have happened.
-//! * A name (create, rename, remove) becomes durable only when its directory is synced;
-//!   a crash forgets names that were not. Directories themselves are durable at once
-//!   (`create_dir_all`), a simplification: the store creates them once, at open.
+//! * A directory entry (a file or a directory created, renamed or removed) becomes
+//!   durable only when its parent directory is synced. Until then every entry that
+//!   changed since that sync is, after a crash, independently as it was at the sync
+//!   or as it is now (a rename is the change of two entries, and a name whose
+//!   directory's own entry is lost goes with it); the seed chooses, as for sectors.
+//!   A path without a parent (the file system's root) is durable at once.
 //! * Reads see the current (page-cache) contents, as on a real file system.
 //!
 //! Faults: [`SimDisk::crash_at_sync`] makes the k-th sync point (file or directory
@@ -152,9 +155,9 @@ impl SimDisk {
         Some((cap, cap.saturating_sub(used)))
     }
 
-    /// The disk after a power loss at this moment: durable names and bytes, with every
-    /// unsynced sector old or new and every unsynced length change done or not, as
-    /// `seed` picks.
+    /// The disk after a power loss at this moment: every directory entry changed since
+    /// its parent's last sync as it was then or as it is now, every unsynced sector old
+    /// or new and every unsynced length change done or not, as `seed` picks.
     pub fn crash_image(&self, seed: u64) -> Arc<SimDisk> {
         let st = self.st();
         let mut rng = SimRng::new(seed);
@@ -162,9 +165,24 @@ impl SimDisk {
             next_ino: st.next_ino,
             ..State::default()
         };
-        for (path, e) in &st.durable_names {
+        let paths: BTreeSet<&PathBuf> = st.names.keys().chain(st.durable_names.keys()).collect();
+        // Sorted, so a directory comes before everything under it.
+        for path in paths {
+            let (now, then) = (st.names.get(path), st.durable_names.get(path));
+            let kept = if now == then || path.parent().is_none() || rng.chance(50) {
+                now
+            } else {
+                then
+            };
+            let Some(e) = kept else { continue };
+            if !Self::parent_is_dir(&out, path) {
+                // Its directory's entry was lost.
+                continue;
+            }
             out.names.insert(path.clone(), *e);
             out.durable_names.insert(path.clone(), *e);
+        }
+        for e in out.names.values() {
             if let Entry::File(ino) = e {
                 if out.nodes.contains_key(ino) {
                     continue;
@@ -294,7 +312,10 @@ impl SimDisk {
                 }
                 None => {
                     st.names.insert(p.to_path_buf(), Entry::Dir);
-                    st.durable_names.insert(p.to_path_buf(), Entry::Dir);
+                    if p.parent().is_none() {
+                        // The file system's root.
+                        st.durable_names.insert(p.to_path_buf(), Entry::Dir);
+                    }
                 }
             }
         }
@@ -407,6 +428,9 @@ impl SimDisk {
         let mut st = self.st();
         Self::begin(&mut st, Some(SimOp::Sync))?;
         Self::sync_point(&mut st)?;
+        if !matches!(st.names.get(dir), Some(Entry::Dir)) {
+            return Err(std::io::ErrorKind::NotFound.into());
+        }
         let in_dir = |p: &Path| p.parent() == Some(dir);
         let now: Vec<(PathBuf, Entry)> = st
             .names
@@ -414,8 +438,7 @@ impl SimDisk {
             .filter(|(p, _)| in_dir(p))
             .map(|(p, e)| (p.clone(), *e))
             .collect();
-        st.durable_names
-            .retain(|p, e| !in_dir(p) || *e == Entry::Dir);
+        st.durable_names.retain(|p, _| !in_dir(p));
         for (p, e) in now {
             st.durable_names.insert(p, e);
         }
@@ -435,12 +458,11 @@ impl SimDisk {
         }
     }
 
-    /// Removes a directory tree; durable at once (like `create_dir_all`).
+    /// Removes a directory tree (durable once the parent is synced).
     pub(crate) fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
         let mut st = self.st();
         Self::begin(&mut st, None)?;
         st.names.retain(|p, _| !p.starts_with(path));
-        st.durable_names.retain(|p, _| !p.starts_with(path));
         Ok(())
     }
 
@@ -522,14 +544,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unsynced_data_and_names_can_vanish() {
+    fn unsynced_data_can_tear() {
         let d = SimDisk::new();
         d.create_dir_all(Path::new("/r")).unwrap();
+        d.sync_dir(Path::new("/")).unwrap();
         let a = d.open(Path::new("/r/a"), true).unwrap();
         d.write(a, 0, &[1u8; 1024]).unwrap();
         d.sync(a).unwrap();
-        // Name not synced: gone after any crash.
-        assert!(!d.crash_image(1).exists(Path::new("/r/a")));
         d.sync_dir(Path::new("/r")).unwrap();
         d.write(a, 0, &[2u8; 1024]).unwrap();
         let mut saw = HashSet::new();
@@ -548,6 +569,82 @@ mod tests {
         assert_eq!(
             d.crash_image(7).contents(Path::new("/r/a")).unwrap(),
             vec![2u8; 1024]
+        );
+    }
+
+    /// What each of 64 crash images keeps of `paths`.
+    fn outcomes(d: &SimDisk, paths: &[&str]) -> HashSet<Vec<bool>> {
+        (0..64)
+            .map(|seed| {
+                let img = d.crash_image(seed);
+                paths.iter().map(|p| img.exists(Path::new(p))).collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unsynced_entries_are_each_kept_or_lost() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/r/s")).unwrap();
+        for f in ["/r/s/a", "/r/s/b"] {
+            let ino = d.open(Path::new(f), true).unwrap();
+            d.sync(ino).unwrap();
+        }
+        // Nothing synced: every entry kept or lost, and a file goes with its directory.
+        let all = ["/r", "/r/s", "/r/s/a", "/r/s/b"];
+        let seen = outcomes(&d, &all);
+        assert!(seen.contains(&vec![false; 4]) && seen.contains(&vec![true; 4]));
+        assert!(seen.contains(&vec![true, true, true, false]));
+        assert!(
+            seen.iter()
+                .all(|o| (o[0] || !o[1]) && (o[1] || !(o[2] || o[3])))
+        );
+        // The files' directory synced, not its parent: the files go with it or stay.
+        d.sync_dir(Path::new("/r/s")).unwrap();
+        let seen = outcomes(&d, &["/r/s", "/r/s/a", "/r/s/b"]);
+        assert_eq!(seen, HashSet::from([vec![false; 3], vec![true; 3]]));
+        // Every directory of the chain synced: kept by every crash.
+        d.sync_dir(Path::new("/r")).unwrap();
+        d.sync_dir(Path::new("/")).unwrap();
+        assert_eq!(outcomes(&d, &all), HashSet::from([vec![true; 4]]));
+        // A removal, a rename and a removed tree: each undone or not until synced.
+        d.remove_file(Path::new("/r/s/a")).unwrap();
+        d.rename(Path::new("/r/s/b"), Path::new("/r/s/c")).unwrap();
+        let seen = outcomes(&d, &["/r/s/a", "/r/s/b", "/r/s/c"]);
+        assert_eq!(seen.len(), 8, "{seen:?}");
+        d.sync_dir(Path::new("/r/s")).unwrap();
+        let seen = outcomes(&d, &["/r/s/a", "/r/s/b", "/r/s/c"]);
+        assert_eq!(seen, HashSet::from([vec![false, false, true]]));
+        d.remove_dir_all(Path::new("/r/s")).unwrap();
+        let seen = outcomes(&d, &["/r/s", "/r/s/c"]);
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        d.sync_dir(Path::new("/r")).unwrap();
+        assert_eq!(outcomes(&d, &["/r/s"]), HashSet::from([vec![false]]));
+        assert!(d.sync_dir(Path::new("/r/s")).is_err(), "no such directory");
+    }
+
+    /// Replacing a file by a rename over it (write, sync, rename, sync the directory)
+    /// leaves the old or the new file after any crash, never neither.
+    #[test]
+    fn a_replaced_file_is_old_or_new() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/r")).unwrap();
+        d.sync_dir(Path::new("/")).unwrap();
+        let put = |path: &str, v: u8| {
+            let ino = d.open(Path::new(path), true).unwrap();
+            d.write(ino, 0, &[v; 16]).unwrap();
+            d.sync(ino).unwrap();
+        };
+        put("/r/f", 1);
+        d.sync_dir(Path::new("/r")).unwrap();
+        put("/r/f.tmp", 2);
+        d.rename(Path::new("/r/f.tmp"), Path::new("/r/f")).unwrap();
+        let seen: HashSet<Option<Vec<u8>>> = (0..64)
+            .map(|seed| d.crash_image(seed).contents(Path::new("/r/f")))
+            .collect();
+        assert_eq!(
+            seen,
+            HashSet::from([Some(vec![1u8; 16]), Some(vec![2u8; 16])])
         );
     }
 

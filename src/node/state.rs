@@ -26,7 +26,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// directory sync).
 fn write_json(path: &Path, value: &Value) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io("create dir", dir, 0, e))?;
+    crate::io::Disk::Real.create_dir_all(dir)?;
     let text = serde_json::to_vec_pretty(value).unwrap_or_default();
     crate::io::Disk::Real.replace_file(path, &text)
 }

@@ -118,7 +118,8 @@ impl ShardedStore {
     /// calling thread until all shards are open; call it outside any executor.
     pub fn open(cfg: ShardedConfig) -> Result<ShardedStore> {
         cfg.validate()?;
-        std::fs::create_dir_all(&cfg.root).map_err(|e| Error::io("create dir", &cfg.root, 0, e))?;
+        // Durable with its parents: the shards' directories are entries in it.
+        crate::io::Disk::Real.create_dir_all(&cfg.root)?;
         let lock = crate::io::lock_root(&cfg.root)?;
         read_or_create_meta(&cfg.root, cfg.shards)?;
         let (handle, inboxes) = Handle::new(cfg.shards, cfg.channel_capacity);

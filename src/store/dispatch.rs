@@ -4,10 +4,12 @@
 //! pass).
 //!
 //! Invariants:
-//! * Records become visible to readers (`dispatched`) only once dispatched; in
+//! * Records become visible to queue readers (`dispatched`) only once dispatched; in
 //!   sync-flush mode the dispatcher stops at the flushed offset, so a consumer never
 //!   sees a record that recovery could lose. A sync round may end inside a record: the
 //!   rest of it is not durable yet, so it is dispatched with a later range.
+//! * When the log fails (fail-stop) the dispatcher still dispatches everything the log
+//!   confirmed before the failure, then stops and closes `dispatched`.
 //! * Dispatch is idempotent: an entry the queue already holds is skipped, a gap is
 //!   `Error::Corrupt` (the queue disagrees with the log) and stops the shard's writes.
 //! * Every walk over records goes through [`Inner::dispatch_in_place`] (a
@@ -61,10 +63,21 @@ impl Inner {
                     return;
                 }
                 glommio::yield_if_needed().await;
-                continue;
+                if self.dispatched.get() > from {
+                    continue;
+                }
+                // Only a record cut by `to` is left (a sync round ended inside it):
+                // wait for the rest of it below rather than spin.
             }
             if self.log.failure().is_some() {
-                // The writer failed: nothing more becomes durable or visible.
+                if self.confirm_offset() > to {
+                    // Confirmed more while the range above awaited.
+                    continue;
+                }
+                // The writer failed: nothing more becomes durable, and everything it
+                // confirmed is dispatched. Closed, so `wait_dispatched` and puts
+                // waiting for dispatch return.
+                self.dispatched.close();
                 return;
             }
             // Stopping: exit once everything written is flushed and dispatched.
@@ -84,7 +97,7 @@ impl Inner {
     }
 
     /// How far readers may see: the durable end in sync mode, the written end in async.
-    fn confirm_offset(&self) -> u64 {
+    pub(super) fn confirm_offset(&self) -> u64 {
         match self.cfg.flush_mode {
             FlushMode::Sync => self.log.flushed.get(),
             FlushMode::Async => self.log.written(),

@@ -2,10 +2,15 @@
 //! next-begin-offset rules), `lookMessageByOffset`, `viewMessageById`, the min/max
 //! offsets, `getOffsetInQueueByTime` and `getEarliestMessageTime`.
 //!
-//! Invariants: readers see only dispatched records (in sync-flush mode only durable
+//! Invariants: queue reads (`get`) see only dispatched records, reads by offset or
+//! message id every record the log confirms (in sync-flush mode both only durable
 //! ones); every record a `get` returns is verified (checksums, and that it is the
 //! record of that queue position), so damaged bytes or a damaged queue entry give
-//! `Error::Corrupt`, never another message. Where the bytes come from (windows, read
+//! `Error::Corrupt`, never another message.
+//!
+//! Decision: a read by offset does not wait for dispatch (RocketMQ's
+//! `lookMessageByOffset` reads the CommitLog too), so an acknowledged put is found by
+//! its id at once, also when dispatch lags or stopped after a failure. Where the bytes come from (windows, read
 //! cache, disk) is the CommitLog's plan (`commit_log/read_plan.rs`).
 
 use super::{Inner, Store};
@@ -151,9 +156,10 @@ impl Store {
         }
     }
 
-    /// Records become visible to readers once dispatched.
+    /// Reads by offset see every record the log confirms (durable in sync mode,
+    /// written in async mode), dispatched or not (module docs).
     fn visible_end(&self) -> u64 {
-        self.inner.dispatched.get()
+        self.inner.dispatched.get().max(self.inner.confirm_offset())
     }
 
     pub fn min_queue_offset(&self, topic: &str, queue_id: i32) -> QueueOffset {

@@ -6,6 +6,10 @@
 //! land in queue-offset order; an async put issues no I/O (it waits only for a free
 //! write window, for dispatch to come within `max_dispatch_lag_bytes`, or for its task
 //! queue's next slice); a sync put returns `PutOk` only once `flushed` covers its end.
+//! A sync put whose record was appended answers `FlushDiskTimeout` (stored, durability
+//! unknown), never `ServiceNotAvailable`, when its flush failed or timed out: RocketMQ
+//! clients retry `ServiceNotAvailable`, which would store a record twice if the first
+//! copy turned out durable; a put refused before its append is `ServiceNotAvailable`.
 //!
 //! Decisions:
 //! * Properties are encoded once, into scratch buffers kept across puts, to learn each
@@ -117,10 +121,11 @@ impl Store {
                 if wait {
                     // Timed out by the writer, not a timer per put (module docs).
                     let deadline = std::time::Instant::now() + inner.cfg.sync_flush_timeout;
+                    // Closed (`Some(false)`): the flush failed; the record may be durable
+                    // (module docs).
                     result.status = match log.flushed.wait_until(end, deadline).await {
                         Some(true) => PutStatus::PutOk,
-                        Some(false) => PutStatus::ServiceNotAvailable,
-                        None => PutStatus::FlushDiskTimeout,
+                        Some(false) | None => PutStatus::FlushDiskTimeout,
                     };
                 }
             }

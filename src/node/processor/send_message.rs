@@ -363,6 +363,17 @@ mod tests {
         assert!(decode_batch(&Bytes::new()).is_err());
     }
 
+    /// A put stored with its durability unknown (flush timed out or failed) answers
+    /// RocketMQ's FLUSH_DISK_TIMEOUT (10), which clients do not retry; only puts
+    /// refused before anything was stored answer SERVICE_NOT_AVAILABLE (14), which
+    /// they do retry.
+    #[test]
+    fn statuses_map_to_rocketmq_codes_clients_retry_only_when_nothing_was_stored() {
+        assert_eq!(put_code(PutStatus::FlushDiskTimeout).0, 10);
+        assert_eq!(put_code(PutStatus::ServiceNotAvailable).0, 14);
+        assert_eq!(put_code(PutStatus::PutOk).0, SUCCESS);
+    }
+
     #[test]
     fn v2_names_become_long_names() {
         let req = RemotingCommand::request(

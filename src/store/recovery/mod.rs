@@ -144,7 +144,12 @@ async fn open_log(cfg: &Rc<StoreConfig>) -> Result<LogOpened> {
     // written from now on (set after the scan).
     let crc_from = cp.as_ref().map_or(u64::MAX, |cp| cp.crc_required_from);
     let log = CommitLog::open_files(cfg.clone(), crc_from).await?;
+    let new_checkpoint = !disk.exists(&cp_path);
     let checkpoint_file = disk.open(&cp_path, true).await?;
+    if new_checkpoint {
+        // Its name durable before a checkpoint is written into it.
+        disk.sync_dir(root)?;
+    }
     Ok(LogOpened {
         lock,
         clean,
