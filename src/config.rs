@@ -15,7 +15,9 @@ use std::time::Duration;
 pub enum FlushMode {
     /// A put returns once its record is in the write buffer; a background task writes
     /// it out and fdatasyncs every `flush_interval` (and sooner after
-    /// `flush_least_pages` pages). A crash can lose the last interval's puts.
+    /// `flush_least_pages` pages). A crash can lose the last interval's puts. A put
+    /// that finds no free buffer within `sync_flush_timeout` (a stalled disk) gets
+    /// `OsPageCacheBusy` and stored nothing.
     Async,
     /// A put returns `PutOk` only after an fdatasync covered it (group commit: one
     /// fdatasync acknowledges every put it covers), or `FlushDiskTimeout` after
@@ -44,7 +46,11 @@ pub struct StoreConfig {
     pub flush_least_pages: u64,
     /// Async flush of everything at least this often (RocketMQ: 10 s).
     pub flush_thorough_interval: Duration,
-    /// Sync flush: a put not durable within this gets `FlushDiskTimeout` (RocketMQ: 5 s).
+    /// How long a put may take, in both flush modes (RocketMQ: 5 s, for sync flush):
+    /// a sync put not durable within this gets `FlushDiskTimeout` (stored); a put that
+    /// waited this long for room (a free write buffer, or dispatch within
+    /// `max_dispatch_lag_bytes`) gets `OsPageCacheBusy` (nothing stored). Counted from
+    /// the put's start; a put answers at most an eighth of it (at most 20 ms) late.
     pub sync_flush_timeout: Duration,
     /// Commit (write buffer -> file) when at least this many pages are pending (RocketMQ: 4).
     pub commit_least_pages: u64,

@@ -100,6 +100,12 @@ pub enum PutStatus {
     /// The file system holding the store is too full (`disk_full_ratio`,
     /// `disk_min_free_bytes`); puts resume once space is freed. Nothing was stored.
     DiskFull,
+    /// RocketMQ's `OS_PAGE_CACHE_BUSY`: the put found no room within
+    /// `sync_flush_timeout` (the write buffers full or dispatch too far behind, as
+    /// when the disk stalls) and gave up. Nothing was stored; retrying, here or on
+    /// another broker, duplicates nothing. The node answers `SYSTEM_BUSY`, as
+    /// RocketMQ does (RocketMQ 5's Java client retries it).
+    OsPageCacheBusy,
 }
 
 impl PutStatus {

@@ -4,6 +4,8 @@
 //! * [`OffsetWatch`] is a growing offset many tasks wait on ("flushed is at least X"),
 //!   with deadlines its owner expires in batches instead of a timer per wait: the
 //!   CommitLog's `committed` and `flushed` positions;
+//! * [`Deadline`] is when a put must have answered, read from the clock only if the
+//!   put has to wait;
 //! * [`join_all`] polls futures concurrently on the current task.
 //!
 //! Nothing here is `Send`: a shard's state is only ever touched by its own thread.
@@ -15,7 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Wakes one background task (the writer, the dispatcher). A notification that
 /// arrives while the task is busy is remembered, so none is lost.
@@ -213,6 +215,48 @@ impl Drop for WaitFor<'_> {
     }
 }
 
+/// When an operation must have answered: `timeout` after it started. Started at once
+/// ([`Deadline::started_now`]) or at the first [`Deadline::at`]
+/// ([`Deadline::lazy`]: for an operation that awaits nothing before it may first
+/// wait, that is the same instant, and one that never waits never reads the clock).
+pub struct Deadline {
+    timeout: Duration,
+    at: Cell<Option<Instant>>,
+}
+
+impl Deadline {
+    pub fn started_now(timeout: Duration) -> Deadline {
+        Deadline {
+            timeout,
+            at: Cell::new(Some(Instant::now() + timeout)),
+        }
+    }
+
+    pub fn lazy(timeout: Duration) -> Deadline {
+        Deadline {
+            timeout,
+            at: Cell::new(None),
+        }
+    }
+
+    /// The deadline (the clock is read here the first time, for a lazy one).
+    pub fn at(&self) -> Instant {
+        match self.at.get() {
+            Some(at) => at,
+            None => {
+                let at = Instant::now() + self.timeout;
+                self.at.set(Some(at));
+                at
+            }
+        }
+    }
+
+    /// Whether the deadline has passed.
+    pub fn passed(&self) -> bool {
+        Instant::now() >= self.at()
+    }
+}
+
 /// Polls every future to completion, concurrently, on the current task; results in
 /// input order. (No executor-specific spawning: works for `Send` and `!Send` futures.)
 pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
@@ -240,7 +284,6 @@ pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 mod tests {
     use super::*;
     use std::task::Wake;
-    use std::time::Duration;
 
     struct Count(std::sync::atomic::AtomicUsize);
     impl Wake for Count {

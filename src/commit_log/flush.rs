@@ -73,9 +73,6 @@ impl CommitLog {
             let stopping = self.stopping.get();
             let flush_now = self.flush_now.replace(false);
             let sync = cfg.flush_mode == FlushMode::Sync;
-            if sync {
-                self.expire_sync_waits();
-            }
             let now = Instant::now();
             // Sealed buffers are committed at once; the open buffer's partial
             // content when a sync put waits, on the commit interval, or for a flush.
@@ -152,22 +149,6 @@ impl CommitLog {
         self.flushed_ts.set(ts);
         self.flushed.set(target);
         Ok(())
-    }
-
-    /// Wakes sync puts whose `sync_flush_timeout` passed (they report
-    /// `FlushDiskTimeout`): checked by the writer at most every eighth of the timeout
-    /// (1-100 ms), instead of a timer per put. With the group-commit thread the writer
-    /// never waits for the disk, so a hung device still times puts out; on the
-    /// writer-task paths (simulated disk, `RingWriteFdatasync`) it checks between
-    /// rounds.
-    pub(super) fn expire_sync_waits(&self) {
-        let tick = (self.cfg.sync_flush_timeout / 8)
-            .clamp(Duration::from_millis(1), Duration::from_millis(100));
-        let now = Instant::now();
-        if now - self.last_expiry.get() >= tick {
-            self.last_expiry.set(now);
-            self.flushed.expire(now);
-        }
     }
 
     /// One sync-flush round on the writer task ([`SyncFlushIo::DsyncWrite`] without

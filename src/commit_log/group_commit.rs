@@ -455,7 +455,6 @@ impl CommitLog {
 
     async fn follow_group_commit(&self, gc: &GroupCommit) -> Result<()> {
         loop {
-            self.expire_sync_waits();
             // Segments: the one being written and the next, so rounds never wait
             // for a file to be created.
             let first = self.segment_start(self.flushed.get());

@@ -76,7 +76,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::Instant;
 
 pub struct CommitLog {
     dir: PathBuf,
@@ -108,8 +107,6 @@ pub struct CommitLog {
     group_commit: RefCell<Option<Rc<GroupCommit>>>,
     /// Start of the last segment registered with the group-commit thread.
     group_commit_segs: Cell<Option<u64>>,
-    /// When sync puts' deadlines were last checked (`expire_sync_waits`).
-    last_expiry: Cell<Instant>,
     /// The range the prewriter is zero-filling right now: commits must not write
     /// there until it is done (two in-flight writes of a page land in any order).
     prewrite_inflight: Cell<Option<(u64, u64)>>,
@@ -169,7 +166,6 @@ impl CommitLog {
             round_bufs: RefCell::new(Vec::new()),
             group_commit: RefCell::new(None),
             group_commit_segs: Cell::new(None),
-            last_expiry: Cell::new(Instant::now()),
             prewrite_inflight: Cell::new(None),
             prewrite_idle: Notify::default(),
             prewrite_wake: Notify::default(),

@@ -51,6 +51,7 @@
 use super::CommitLog;
 use crate::error::{Error, Result};
 use crate::format::record;
+use crate::wake::Deadline;
 use glommio::allocate_dma_buffer;
 use glommio::io::DmaBuffer;
 use std::collections::VecDeque;
@@ -214,8 +215,10 @@ impl WriteBufferPool {
 
 impl CommitLog {
     /// Makes room in the pool for `len` more bytes, waiting for the writer to commit
-    /// older buffers when the pool is exhausted. Call right before appending.
-    pub async fn reserve(&self, len: u64) -> Result<()> {
+    /// older buffers when the pool is exhausted, at most until `deadline`. Call right
+    /// before appending. `Ok(false)`: the deadline passed first (nothing reserved: the
+    /// disk is too slow or stalled; the waits end by the store's deadline ticker).
+    pub async fn reserve(&self, len: u64, deadline: &Deadline) -> Result<bool> {
         loop {
             if let Some(f) = self.failure() {
                 return Err(Error::Failed(f));
@@ -225,16 +228,24 @@ impl CommitLog {
             }
             let end = self.placement(len).start + len;
             if self.try_make_room(end) {
-                return Ok(());
+                return Ok(true);
             }
             let oldest_end = (self.pool.borrow().first + 1) * self.buf_bytes;
             self.writer_wake.notify();
             if self.committed.get() >= oldest_end {
                 // Committed, but its buffer is not free yet (a finished write still
                 // holds it): let other tasks run rather than spin.
+                if deadline.passed() {
+                    return Ok(false);
+                }
                 futures_lite::future::yield_now().await;
-            } else {
-                self.committed.wait_for(oldest_end).await;
+            } else if self
+                .committed
+                .wait_until(oldest_end, deadline.at())
+                .await
+                .is_none()
+            {
+                return Ok(false);
             }
         }
     }

@@ -422,7 +422,11 @@ impl ConsumeQueue {
         if let Some(f) = self.files.borrow().get(&first) {
             return Ok(f.clone());
         }
-        self.disk.create_dir_all(&self.dir)?;
+        // Off the executor: a new queue's directory is made while the store runs.
+        let dir = self.dir.clone();
+        self.disk
+            .off_executor(move |d| d.create_dir_all(&dir))
+            .await?;
         let f = self
             .disk
             .create_sized(&self.file_path(first), self.file_bytes)

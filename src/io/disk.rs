@@ -284,12 +284,14 @@ impl Disk {
         Ok(File::new(path, backing))
     }
 
-    /// Creates a file of exactly `len` bytes (sparse) and makes it and its name durable.
+    /// Creates a file of exactly `len` bytes (sparse) and makes it and its name durable
+    /// (the directory sync off the executor: files are created while the store runs).
     pub async fn create_sized(&self, path: &Path, len: u64) -> Result<Rc<File>> {
         let f = self.open(path, true).await?;
         f.truncate(len).await?;
         f.sync().await?;
-        self.sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        self.off_executor(move |d| d.sync_dir(&dir)).await?;
         Ok(f)
     }
 }

@@ -62,7 +62,7 @@ impl File {
                 buf.as_bytes_mut().copy_from_slice(data);
                 self.write_buf(pos, buf).await
             }
-            Backing::Sim(d, ino) => self.write_sim(d, *ino, pos, data),
+            Backing::Sim(d, ino) => self.write_sim(d, *ino, pos, data).await,
         }
     }
 
@@ -73,7 +73,7 @@ impl File {
                 let n = dma.write_at(buf, pos).await;
                 self.written(pos, len, n)
             }
-            Backing::Sim(d, ino) => self.write_sim(d, *ino, pos, buf.as_bytes()),
+            Backing::Sim(d, ino) => self.write_sim(d, *ino, pos, buf.as_bytes()).await,
         }
     }
 
@@ -85,11 +85,14 @@ impl File {
                 let n = dma.write_rc_at(buf, pos).await;
                 self.written(pos, len, n)
             }
-            Backing::Sim(d, ino) => self.write_sim(d, *ino, pos, buf.as_bytes()),
+            Backing::Sim(d, ino) => self.write_sim(d, *ino, pos, buf.as_bytes()).await,
         }
     }
 
-    fn write_sim(&self, d: &SimDisk, ino: u64, pos: u64, data: &[u8]) -> Result<()> {
+    /// A write to the simulated disk; it waits (without blocking the thread, as an
+    /// io_uring write does) while the disk is stalled.
+    async fn write_sim(&self, d: &SimDisk, ino: u64, pos: u64, data: &[u8]) -> Result<()> {
+        d.unstalled().await;
         d.write(ino, pos, data)
             .map_err(|e| Error::io("write", &self.path, pos, e))
     }
@@ -141,6 +144,7 @@ impl File {
                 Ok(buf)
             }
             Backing::Sim(d, ino) => {
+                d.unstalled().await;
                 d.write(*ino, pos, buf.as_slice())
                     .map_err(|e| Error::io("write", &self.path, pos, e))?;
                 d.sync(*ino)
@@ -171,9 +175,11 @@ impl File {
                 .fdatasync()
                 .await
                 .map_err(|e| Error::glommio("fdatasync", &self.path, 0, e)),
-            Backing::Sim(d, ino) => d
-                .sync(*ino)
-                .map_err(|e| Error::io("fdatasync", &self.path, 0, e)),
+            Backing::Sim(d, ino) => {
+                d.unstalled().await;
+                d.sync(*ino)
+                    .map_err(|e| Error::io("fdatasync", &self.path, 0, e))
+            }
         }
     }
 
@@ -183,9 +189,11 @@ impl File {
                 .truncate(len)
                 .await
                 .map_err(|e| Error::glommio("truncate", &self.path, len, e)),
-            Backing::Sim(d, ino) => d
-                .truncate(*ino, len)
-                .map_err(|e| Error::io("truncate", &self.path, len, e)),
+            Backing::Sim(d, ino) => {
+                d.unstalled().await;
+                d.truncate(*ino, len)
+                    .map_err(|e| Error::io("truncate", &self.path, len, e))
+            }
         }
     }
 

@@ -10,9 +10,10 @@
 //! | `file.rs` | [`File`]: DMA reads and writes, durable writes, fdatasync, truncate |
 //! | `buf.rs` | [`PAGE`], [`align_down`]/[`align_up`], [`AlignedBuf`], [`ReadBuf`] |
 //! | `dsync.rs` | `pwritev2(RWF_DSYNC)` and the per-executor sync-write thread |
+//! | `offload.rs` | [`Disk::off_executor`]: blocking disk calls on glommio's blocking thread |
 //! | `lock.rs` | the root lock ([`RootLock`]) |
 //! | `names.rs` | 20-digit offset file names and listings |
-//! | `sim.rs` | the simulated disk ([`SimDisk`]): torn sectors, lost unsynced data, faults, replayed by seed |
+//! | `sim.rs` | the simulated disk ([`SimDisk`]): torn sectors, lost unsynced data, faults, stalls, replayed by seed |
 //!
 //! Invariants: direct-I/O writes are page-aligned in offset, length and memory.
 //! Nothing here retries a failed write, fdatasync or truncate: what reached the disk
@@ -24,6 +25,7 @@ mod dsync;
 mod file;
 mod lock;
 mod names;
+mod offload;
 pub mod sim;
 
 pub use buf::{AlignedBuf, PAGE, ReadBuf, align_down, align_up};

@@ -22,13 +22,32 @@
 //! [`SimDisk::fail_nth`] fails one future write, sync or truncate with EIO and keeps
 //! the disk working (for fail-stop tests); [`SimDisk::flip_bits`] damages stored
 //! bytes; [`SimDisk::set_capacity`] makes writes past a size fail with ENOSPC.
+//! [`SimDisk::stall`] makes the device stop completing writes until
+//! [`SimDisk::release`], as a hung disk does (see "Stalls" below);
+//! [`SimDisk::stall_at_next_dir_call`] stalls it when the next directory call starts.
 //!
-//! Everything runs synchronously under one mutex: an operation never yields, so a
-//! single-executor workload on a simulated disk runs the same way every time.
+//! Everything runs synchronously under one mutex: an operation never yields (unless
+//! the disk is stalled), so a single-executor workload on a simulated disk runs the
+//! same way every time.
+//!
+//! # Stalls
+//! While stalled, what would wait for the device waits, the way each call waits on a
+//! real disk: a store file's writes, syncs and truncates (io_uring requests there) wait
+//! asynchronously ([`SimDisk::unstalled`], awaited by `io::File`), so the executor goes
+//! on; the directory and small-file calls (`std::fs` there: directory syncs, creating,
+//! renaming and removing names) block the calling thread until the release. Reads and
+//! look-ups answer, as from a device whose write path hangs. The store must run the
+//! blocking calls off its executor ([`Disk::off_executor`]); on the simulated disk it
+//! does so only when [`SimDisk::set_offload`] is on, since a hop to another thread
+//! makes runs no longer replay exactly (the crash sweeps count sync points).
+//!
+//! [`Disk::off_executor`]: super::Disk::off_executor
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Poll, Waker};
 
 /// Sector size of the simulated device: the unit in which writes tear.
 pub const SECTOR: u64 = 512;
@@ -99,6 +118,21 @@ impl SimRng {
 #[derive(Debug, Default)]
 pub struct SimDisk {
     state: Mutex<State>,
+    stall: Stall,
+}
+
+/// The stall fault (module docs), apart from `State` so that a blocked call holds no
+/// lock the other calls need.
+#[derive(Debug, Default)]
+struct Stall {
+    on: AtomicBool,
+    /// Stall at the next blocking call (`stall_at_next_dir_call`).
+    armed: AtomicBool,
+    /// Run the blocking calls on the executor's blocking thread (`set_offload`).
+    offload: AtomicBool,
+    /// Tasks waiting in [`SimDisk::unstalled`].
+    wakers: Mutex<Vec<Waker>>,
+    released: Condvar,
 }
 
 fn eio() -> std::io::Error {
@@ -153,6 +187,88 @@ impl SimDisk {
         let cap = st.capacity?;
         let used = st.used_bytes();
         Some((cap, cap.saturating_sub(used)))
+    }
+
+    /// From now on the device completes no write, sync, truncate or name change until
+    /// [`SimDisk::release`] (module docs, "Stalls").
+    pub fn stall(&self) {
+        self.stall.on.store(true, Ordering::SeqCst);
+    }
+
+    /// Stalls the device when the next directory or name call (a directory sync,
+    /// creating a directory, a rename, a removal) starts, that call included: a disk
+    /// that hangs in the middle of a checkpoint's fsync.
+    pub fn stall_at_next_dir_call(&self) {
+        self.stall.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends a stall (or disarms [`SimDisk::stall_at_next_dir_call`]): every waiting
+    /// call goes on.
+    pub fn release(&self) {
+        let wakers = {
+            let mut w = self.stall.wakers.lock().unwrap_or_else(|p| p.into_inner());
+            self.stall.armed.store(false, Ordering::SeqCst);
+            self.stall.on.store(false, Ordering::SeqCst);
+            std::mem::take(&mut *w)
+        };
+        self.stall.released.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    pub fn is_stalled(&self) -> bool {
+        self.stall.on.load(Ordering::SeqCst)
+    }
+
+    /// Whether the store runs its blocking calls (directory syncs, small durable
+    /// files) on the executor's blocking thread, as on the real disk, instead of
+    /// inline (the default: runs replay exactly). Stall tests turn it on.
+    pub fn set_offload(&self, on: bool) {
+        self.stall.offload.store(on, Ordering::SeqCst);
+    }
+
+    pub fn offload(&self) -> bool {
+        self.stall.offload.load(Ordering::SeqCst)
+    }
+
+    /// Completes at once unless stalled, else at the release: awaited before a store
+    /// file's writes, syncs and truncates (an io_uring request waits without blocking
+    /// its thread).
+    pub fn unstalled(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            if !self.stall.on.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            let mut w = self.stall.wakers.lock().unwrap_or_else(|p| p.into_inner());
+            // Checked again under the lock `release` takes: no wake-up is lost.
+            if !self.stall.on.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            if !w.iter().any(|x| x.will_wake(cx.waker())) {
+                w.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+    }
+
+    /// Blocks the calling thread while stalled: the directory and small-file calls
+    /// (`std::fs` on the real disk) wait so.
+    fn block_while_stalled(&self) {
+        if self.stall.armed.swap(false, Ordering::SeqCst) {
+            self.stall.on.store(true, Ordering::SeqCst);
+        }
+        if !self.stall.on.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut w = self.stall.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        while self.stall.on.load(Ordering::SeqCst) {
+            w = self
+                .stall
+                .released
+                .wait(w)
+                .unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// The disk after a power loss at this moment: every directory entry changed since
@@ -215,6 +331,7 @@ impl SimDisk {
         out.capacity = st.capacity;
         Arc::new(SimDisk {
             state: Mutex::new(out),
+            stall: Stall::default(),
         })
     }
 
@@ -299,6 +416,7 @@ impl SimDisk {
     }
 
     pub(crate) fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        self.block_while_stalled();
         let mut st = self.st();
         Self::begin(&mut st, None)?;
         for p in path.ancestors() {
@@ -425,6 +543,7 @@ impl SimDisk {
     }
 
     pub(crate) fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.block_while_stalled();
         let mut st = self.st();
         Self::begin(&mut st, Some(SimOp::Sync))?;
         Self::sync_point(&mut st)?;
@@ -446,6 +565,7 @@ impl SimDisk {
     }
 
     pub(crate) fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        self.block_while_stalled();
         let mut st = self.st();
         Self::begin(&mut st, None)?;
         match st.names.get(path) {
@@ -460,6 +580,7 @@ impl SimDisk {
 
     /// Removes a directory tree (durable once the parent is synced).
     pub(crate) fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        self.block_while_stalled();
         let mut st = self.st();
         Self::begin(&mut st, None)?;
         st.names.retain(|p, _| !p.starts_with(path));
@@ -467,6 +588,7 @@ impl SimDisk {
     }
 
     pub(crate) fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.block_while_stalled();
         let mut st = self.st();
         Self::begin(&mut st, None)?;
         let e = st
@@ -542,6 +664,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
 
     #[test]
     fn unsynced_data_can_tear() {
@@ -663,6 +786,28 @@ mod tests {
         let i1 = d.crash_image(3).contents(Path::new("/r/a"));
         let i2 = d.crash_image(3).contents(Path::new("/r/a"));
         assert_eq!(i1, i2);
+    }
+
+    #[test]
+    fn a_stall_blocks_dir_calls_and_holds_file_calls_until_released() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/r")).unwrap();
+        d.stall_at_next_dir_call();
+        assert!(!d.is_stalled(), "armed, not yet stalled");
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || d2.sync_dir(Path::new("/r")));
+        while !d.is_stalled() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut gate = std::pin::pin!(d.unstalled());
+        let mut cx = std::task::Context::from_waker(Waker::noop());
+        assert!(gate.as_mut().poll(&mut cx).is_pending());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished(), "the directory sync waits for the release");
+        d.release();
+        t.join().unwrap().unwrap();
+        assert!(gate.as_mut().poll(&mut cx).is_ready());
+        assert!(std::pin::pin!(d.unstalled()).poll(&mut cx).is_ready());
     }
 
     #[test]

@@ -119,10 +119,18 @@ impl Inner {
         self.checkpoint.write_aligned(0, &cp.encode()).await?;
         self.checkpoint.sync().await?;
         const _: () = assert!(CHECKPOINT_LEN == io::PAGE);
+        // Blocking calls (fsyncs, a rename): off the executor, so a stalled disk
+        // does not stop the shard (`io::offload`).
         let path = manifest_path(&self.cfg.root);
-        if let Some(dir) = path.parent() {
-            self.cfg.disk.create_dir_all(dir)?;
-        }
-        self.cfg.disk.replace_file(&path, &manifest.encode())
+        let bytes = manifest.encode();
+        self.cfg
+            .disk
+            .off_executor(move |disk| {
+                if let Some(dir) = path.parent() {
+                    disk.create_dir_all(dir)?;
+                }
+                disk.replace_file(&path, &bytes)
+            })
+            .await
     }
 }

@@ -14,7 +14,9 @@
 //! * **dispatcher** (500): tails the log and appends ConsumeQueue and key-index
 //!   entries (`dispatch.rs`);
 //! * **queue flusher** (100): a checkpoint round every `consume_queue_flush_interval`
-//!   (`checkpoint.rs`).
+//!   (`checkpoint.rs`);
+//! * **put deadlines** (1000): ends the waits of puts past their deadline
+//!   (`deadlines.rs`).
 //!
 //! Durability contract, by flush mode:
 //! * `FlushMode::Sync`: `PutOk` means a durable write covering the record returned
@@ -24,11 +26,16 @@
 //! * `FlushMode::Async`: `PutOk` means the record is in the write buffer; a process
 //!   kill keeps it once committed (within `commit_interval`), a power loss once flushed
 //!   (within `flush_interval` while the disk keeps up); `flush()` forces both.
+//! * Both: a put answers within `sync_flush_timeout` of its start (plus one tick)
+//!   whatever the disk does; one that found no room by then stored nothing and says
+//!   `OsPageCacheBusy` (`deadlines.rs`). No blocking file-system call runs on the
+//!   shard while the store runs (`io::offload`), so a stalled disk stops no task.
 //! * After a clean `shutdown()` everything acknowledged is durable and `abort` is gone.
 //!
 //! Measurements behind these files' figures: `docs/performance/store.md`.
 
 mod checkpoint;
+mod deadlines;
 mod dispatch;
 mod get;
 mod put;
@@ -203,9 +210,15 @@ impl Store {
         }
         let end = inner.log.written();
         inner.last_checkpoint_round(end).await?;
-        let abort = inner.cfg.root.join("abort");
-        inner.cfg.disk.remove_file(&abort)?;
-        inner.cfg.disk.sync_dir(&inner.cfg.root)?;
+        let root = inner.cfg.root.clone();
+        inner
+            .cfg
+            .disk
+            .off_executor(move |d| {
+                d.remove_file(&root.join("abort"))?;
+                d.sync_dir(&root)
+            })
+            .await?;
         inner.lock.borrow_mut().take();
         tracing::info!(root = %inner.cfg.root.display(), end, "store shut down cleanly");
         Ok(())
@@ -241,6 +254,13 @@ impl Inner {
                 .map_err(|e| Error::Config(format!("cannot spawn {name}: {e}")))?;
             self.tasks.borrow_mut().push(task.detach());
         }
+        // Not among `tasks`: it times puts out until the store is stopped or gone,
+        // during a shutdown too.
+        let tick = deadlines::tick(self.cfg.sync_flush_timeout);
+        let ticker = deadlines::run_ticker(Rc::downgrade(self), tick);
+        glommio::spawn_local_into(ticker, tq("put-deadlines", 1000))
+            .map_err(|e| Error::Config(format!("cannot spawn put-deadlines: {e}")))?
+            .detach();
         Ok(())
     }
 

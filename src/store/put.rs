@@ -10,14 +10,18 @@
 //! unknown), never `ServiceNotAvailable`, when its flush failed or timed out: RocketMQ
 //! clients retry `ServiceNotAvailable`, which would store a record twice if the first
 //! copy turned out durable; a put refused before its append is `ServiceNotAvailable`.
+//! Every put answers by its deadline, `sync_flush_timeout` after it started, in both
+//! modes, whatever the disk does (`deadlines.rs`): a put that found no room by then
+//! stored nothing and says `OsPageCacheBusy`; a stored sync put not yet durable says
+//! `FlushDiskTimeout`.
 //!
 //! Decisions:
 //! * Properties are encoded once, into scratch buffers kept across puts, to learn each
 //!   record's exact length before placing it: three fresh `Vec`s per put were 10% of
 //!   the ~1 us of CPU a 1 KiB put costs (perf, `coremq bench --body 1024`, key index off).
 //! * Records are encoded straight into the write window (no staging copy).
-//! * Sync puts are timed out by the writer (`CommitLog::expire_sync_waits`), not by a
-//!   timer per put.
+//! * Waiting puts are timed out by the store's deadline ticker (`deadlines.rs`), not by
+//!   a timer per put; an async put reads the clock only if it has to wait.
 
 use super::{Inner, State, Store};
 use crate::config::FlushMode;
@@ -25,6 +29,7 @@ use crate::format::msg_id::MessageId;
 use crate::format::properties;
 use crate::format::record::{self, RecordFields};
 use crate::message::*;
+use crate::wake::Deadline;
 
 /// Buffers a put fills before it knows where its records go, kept across puts.
 #[derive(Default)]
@@ -100,7 +105,13 @@ impl Store {
             ps.lens.push(f.encoded_len() as u64);
             ps.ends.push(ps.props.len());
         }
-        let placed = self.put_encoded(msgs, &ps).await;
+        // The put's deadline (module docs): a sync put waits for the flush anyway, an
+        // async one reads the clock only if it has to wait.
+        let deadline = match inner.cfg.flush_mode {
+            FlushMode::Sync => Deadline::started_now(inner.cfg.sync_flush_timeout),
+            FlushMode::Async => Deadline::lazy(inner.cfg.sync_flush_timeout),
+        };
+        let placed = self.put_encoded(msgs, &ps, &deadline).await;
         *inner.put_scratch.borrow_mut() = ps;
         let (mut result, end) = match placed {
             Ok(placed) => placed,
@@ -119,10 +130,10 @@ impl Store {
                 let log = &inner.log;
                 log.wake_sync_writer();
                 if wait {
-                    // Timed out by the writer, not a timer per put (module docs).
-                    let deadline = std::time::Instant::now() + inner.cfg.sync_flush_timeout;
-                    // Closed (`Some(false)`): the flush failed; the record may be durable
-                    // (module docs).
+                    // Timed out by the deadline ticker, not a timer per put. Closed
+                    // (`Some(false)`): the flush failed; the record may be durable (module
+                    // docs).
+                    let deadline = deadline.at();
                     result.status = match log.flushed.wait_until(end, deadline).await {
                         Some(true) => PutStatus::PutOk,
                         Some(false) | None => PutStatus::FlushDiskTimeout,
@@ -139,6 +150,7 @@ impl Store {
         &self,
         msgs: &[Message],
         ps: &PutScratch,
+        deadline: &Deadline,
     ) -> std::result::Result<(PutResult, u64), PutResult> {
         let inner = &self.inner;
         let lens = &ps.lens;
@@ -160,20 +172,30 @@ impl Store {
         }
         // Backpressure: when dispatch (queues, key index) falls too far behind the log,
         // puts wait for it, so consumers see messages within a bounded lag and a
-        // shutdown never has a long backlog to work off.
+        // shutdown never has a long backlog to work off; until the put's deadline.
+        let busy = || Err(PutResult::refused(PutStatus::OsPageCacheBusy));
         let max_lag = inner.cfg.max_dispatch_lag_bytes;
         let written = inner.log.written();
         if max_lag > 0 && written.saturating_sub(inner.dispatched.get()) > max_lag {
             inner.dispatch_wake.notify();
-            if !inner.dispatched.wait_for(written - max_lag / 2).await
-                || inner.state.get() != State::Running
-            {
+            let caught_up = inner
+                .dispatched
+                .wait_until(written - max_lag / 2, deadline.at())
+                .await;
+            if caught_up.is_none() {
+                return busy();
+            }
+            if caught_up == Some(false) || inner.state.get() != State::Running {
                 return Err(PutResult::refused(PutStatus::ServiceNotAvailable));
             }
         }
-        if let Err(e) = inner.log.reserve(total).await {
-            tracing::debug!(error = %e, "put refused");
-            return Err(PutResult::refused(PutStatus::ServiceNotAvailable));
+        match inner.log.reserve(total, deadline).await {
+            Ok(true) => {}
+            Ok(false) => return busy(),
+            Err(e) => {
+                tracing::debug!(error = %e, "put refused");
+                return Err(PutResult::refused(PutStatus::ServiceNotAvailable));
+            }
         }
         // From here to the append nothing awaits: offsets are assigned and bytes
         // placed in one step, so records land in queue-offset order.

@@ -89,6 +89,12 @@ fn put_code(status: PutStatus) -> (i32, Option<String>) {
             SERVICE_NOT_AVAILABLE,
             Some("service not available now: the broker's disk is full (over disk_full_ratio or under disk_min_free_bytes)".into()),
         ),
+        // RocketMQ's answer to OS_PAGE_CACHE_BUSY; its clients retry SYSTEM_BUSY on
+        // another broker (nothing was stored).
+        PutStatus::OsPageCacheBusy => (
+            SYSTEM_BUSY,
+            Some("[PC_SYNCHRONIZED]broker busy, start flow control for a while: no room for the message within the put timeout (disk stalled or too slow)".into()),
+        ),
         PutStatus::CreateMappedFileFailed => (
             SYSTEM_ERROR,
             Some("create mapped file failed, server is busy or broken".into()),
