@@ -159,6 +159,17 @@ pub(super) async fn send(
         ));
     }
     let mut queue_id: i32 = num(&h, "queueId")?;
+    // A topic may have no write queues (RocketMQ drains a topic so): no queue to pick.
+    if conf.write_queue_nums <= 0 {
+        return Err(reject(
+            SYSTEM_ERROR,
+            format!(
+                "request queueId[{queue_id}] is illegal, topic {topic} has 0 write queues \
+                 (writeQueueNums {}): sending to it is closed",
+                conf.write_queue_nums
+            ),
+        ));
+    }
     if queue_id < 0 {
         queue_id =
             (st.next_queue.fetch_add(1, Ordering::Relaxed) % conf.write_queue_nums as u64) as i32;
