@@ -1419,3 +1419,114 @@ fn serve_exits_with_status_3_when_a_shard_dies() {
     }
     node.shutdown().unwrap();
 }
+
+#[test]
+fn processor_input_regressions_on_shards() {
+    processor_input_regressions(Network::Shards);
+}
+
+#[test]
+fn processor_input_regressions_on_threads() {
+    processor_input_regressions(Network::Threads);
+}
+
+/// Inputs the processor audit and `tests/processors.rs` found mishandled (issue 16).
+fn processor_input_regressions(network: Network) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), network);
+    let mut c = Client::connect(node.broker_addr);
+
+    // A one-way pull was answered: the client got a response it never asked for
+    // (here, before the next request's own).
+    let mut oneway = RemotingCommand::request(
+        PULL_MESSAGE,
+        7_777,
+        vec![
+            ("topic".into(), "T".into()),
+            ("queueId".into(), "0".into()),
+            ("queueOffset".into(), "0".into()),
+        ],
+    );
+    oneway.flag = 2;
+    c.send_raw(&oneway.encode());
+    assert_eq!(
+        c.call(GET_MAX_OFFSET, &[("topic", "T"), ("queueId", "0")], b"")
+            .code,
+        SUCCESS
+    );
+
+    // A message whose reconsume count is i32::MAX, sent back: `count + 1` overflowed
+    // (a panic in debug builds). It goes to the dead-letter topic, count saturated.
+    let r = c.call(
+        SEND_MESSAGE,
+        &[
+            ("topic", "T"),
+            ("queueId", "0"),
+            ("reconsumeTimes", "2147483647"),
+        ],
+        b"old",
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let id = r.field("msgId").unwrap();
+    let offset = i64::from_str_radix(&id[16..], 16).unwrap().to_string();
+    futures_lite::future::block_on(node.handle().wait_dispatched()).unwrap();
+    let r = c.call(
+        CONSUMER_SEND_MSG_BACK,
+        &[("offset", &offset), ("group", "cg")],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let r = pull(&mut c, "%DLQ%cg", 0, 0, 2000);
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert_eq!(records(&r.body)[0].reconsume_times, i32::MAX);
+
+    // Remarks echoed whole request values: 100,000 0x01 bytes as a topic made a
+    // 600 kB remark (a 15 MiB one, a header too long to frame). Echoes are cut.
+    let huge = "\u{1}".repeat(100_000);
+    for (code, fields) in [
+        (
+            SEND_MESSAGE,
+            vec![("topic", huge.as_str()), ("queueId", "0")],
+        ),
+        (UPDATE_AND_CREATE_TOPIC, vec![("topic", huge.as_str())]),
+        (GET_ROUTEINFO_BY_TOPIC, vec![("topic", huge.as_str())]),
+        (
+            GET_CONSUMER_LIST_BY_GROUP,
+            vec![("consumerGroup", huge.as_str())],
+        ),
+        (
+            GET_MAX_OFFSET,
+            vec![("topic", "T"), ("queueId", huge.as_str())],
+        ),
+    ] {
+        let r = c.call(code, &fields, b"");
+        assert_ne!(r.code, SUCCESS);
+        let remark = r.remark.unwrap();
+        assert!(remark.len() < 1024, "code {code}: {} bytes", remark.len());
+        assert!(remark.contains("100000 bytes"), "code {code}: {remark}");
+    }
+    drop(c);
+    node.shutdown().unwrap();
+}
+
+/// Deadlines are `now + setting`: a setting so large that the sum overflows `Instant`
+/// panicked the request (a held pull with `max_suspend_ms` near `u64::MAX`) or the
+/// registration thread. Settings are capped at a week.
+#[test]
+fn interval_settings_are_bounded() {
+    for set in [
+        |c: &mut NodeConfig| c.max_suspend_ms = u64::MAX,
+        |c: &mut NodeConfig| c.register_interval_ms = u64::MAX / 2,
+        |c: &mut NodeConfig| c.idle_timeout_ms = 8 * 24 * 3600 * 1000,
+    ] {
+        let mut cfg = NodeConfig::default();
+        set(&mut cfg);
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains("_ms must be at most"), "{e}");
+    }
+    let week = NodeConfig {
+        max_suspend_ms: 7 * 24 * 3600 * 1000,
+        ..NodeConfig::default()
+    };
+    week.validate().unwrap();
+}

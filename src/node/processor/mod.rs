@@ -163,7 +163,10 @@ fn caught(st: &NodeState, code: i32, what: &str, panic: Box<dyn Any + Send>) -> 
         panic = %text,
         "a {what} handler panicked; answered SYSTEM_ERROR, the shard goes on"
     );
-    format!("the broker failed serving request code {code}: the handler panicked: {text}")
+    format!(
+        "the broker failed serving request code {code}: the handler panicked: {}",
+        clip(&text)
+    )
 }
 
 /// Dispatches one request by its code.
@@ -176,7 +179,12 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
             send_message::send(st, &req, peer).await
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
-        PULL_MESSAGE | LITE_PULL_MESSAGE => return pull_message::pull(st, req).await,
+        PULL_MESSAGE | LITE_PULL_MESSAGE => {
+            // A one-way pull is served (a commit offset it carries is stored) but never
+            // answered, held or not.
+            let outcome = pull_message::pull(st, req).await;
+            return if oneway { Outcome::NoReply } else { outcome };
+        }
         QUERY_MESSAGE => query_message::query_message(st, &req).await,
         VIEW_MESSAGE_BY_ID => query_message::view_message(st, &req).await,
         UPDATE_AND_CREATE_TOPIC => admin_broker::create_topic(st, &req),
@@ -298,6 +306,25 @@ fn store_error(e: crate::Error) -> Reject {
     reject(SYSTEM_ERROR, e.to_string())
 }
 
+/// Most characters of a request's value echoed in a remark.
+const ECHO_CHARS: usize = 64;
+
+/// `s` for a remark: control characters escaped, cut to [`ECHO_CHARS`] characters
+/// with its length named. A remark echoing a whole value grew the response up to six
+/// times the request (a 15 MiB topic of `\x01` bytes made a 90 MiB remark, and a
+/// header over 16 MiB cannot be framed).
+fn clip(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(ECHO_CHARS)
+        .flat_map(char::escape_debug)
+        .collect();
+    if s.chars().nth(ECHO_CHARS).is_some() {
+        out.push_str(&format!("... ({} bytes)", s.len()));
+    }
+    out
+}
+
 fn field<'a>(req: &'a RemotingCommand, name: &str) -> Result<&'a str, Reject> {
     req.field(name)
         .ok_or_else(|| reject(SYSTEM_ERROR, format!("the custom field <{name}> is null")))
@@ -308,7 +335,7 @@ fn num<T: std::str::FromStr>(req: &RemotingCommand, name: &str) -> Result<T, Rej
     v.trim().parse().map_err(|_| {
         reject(
             SYSTEM_ERROR,
-            format!("the custom field <{name}> is not a number: {v:?}"),
+            format!("the custom field <{name}> is not a number: \"{}\"", clip(v)),
         )
     })
 }
@@ -343,7 +370,10 @@ fn topic_conf(st: &NodeState, topic: &str, create: bool) -> Result<TopicConf, Re
     if !valid_topic(topic) {
         return Err(reject(
             TOPIC_NOT_EXIST,
-            format!("topic {topic:?} is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})"),
+            format!(
+                "topic \"{}\" is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})",
+                clip(topic)
+            ),
         ));
     }
     if let Some(c) = st.topics.get(topic) {
