@@ -13,45 +13,14 @@
 
 mod requests;
 
-use coremq::node::{Network, Node, NodeConfig};
-use coremq::{ShardedConfig, StoreConfig};
+use coremq::node::{Network, Node};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use requests::{Gen, is_panic_answer, learn, request};
+use requests::{Gen, is_panic_answer, learn, request, start_node};
 use std::io::{Read, Write};
-use std::path::Path;
 
 /// Requests one case may build (a case's bytes usually run out sooner).
 const MAX_REQUESTS_PER_CASE: usize = 12;
-
-fn start(dir: &Path, network: Network) -> Node {
-    let config = dir.join("config");
-    std::fs::create_dir_all(&config).unwrap();
-    let topics = serde_json::json!({ "topicConfigTable": {
-        "Drained": {"topicName": "Drained", "readQueueNums": 4, "writeQueueNums": 0, "perm": 6},
-        "Unsized": {"topicName": "Unsized"},
-        "Orders": {"topicName": "Orders", "readQueueNums": 8, "writeQueueNums": 8, "perm": 6},
-    }});
-    std::fs::write(config.join("topics.json"), topics.to_string()).unwrap();
-    let cfg = NodeConfig {
-        network,
-        data_dir: dir.to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        namesrv_enable: false,
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        shards: 2,
-        pin: false,
-        max_suspend_ms: 20,
-        offset_flush_interval_ms: 200,
-        ..NodeConfig::default()
-    };
-    let mut store = ShardedConfig::new(dir);
-    store.shards = 2;
-    store.pin = false;
-    store.io_memory_bytes = 8 << 20;
-    store.store = StoreConfig::small_for_tests(dir);
-    Node::start_with_store(cfg, store).expect("node starts")
-}
 
 fn request_panics(node: &Node) -> u64 {
     let mut m = std::net::TcpStream::connect(node.metrics_addr.unwrap()).unwrap();
@@ -103,8 +72,8 @@ fn run_case(nodes: &[Node], bytes: &[u8], seen: &mut Vec<String>) -> Result<(), 
 fn random_requests_never_panic_nor_lose_a_shard() {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let nodes = [
-        start(dirs[0].path(), Network::Shards),
-        start(dirs[1].path(), Network::Threads),
+        start_node(dirs[0].path(), Network::Shards),
+        start_node(dirs[1].path(), Network::Threads),
     ];
     let seen = std::cell::RefCell::new(Vec::new());
     let config = Config {

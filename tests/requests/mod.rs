@@ -16,6 +16,41 @@
 use bytes::Bytes;
 use coremq::node::remoting::codes::*;
 use coremq::node::remoting::{RemotingCommand, SerializeType};
+use coremq::node::{Network, Node, NodeConfig};
+use coremq::{ShardedConfig, StoreConfig};
+use std::path::Path;
+
+/// A two-shard node on `dir` (small store, metrics on an ephemeral port, holds of at
+/// most 20 ms) whose `topics.json` already holds a drained topic (`Drained`: 0 write
+/// queues), one with no counts (`Unsized`: RocketMQ's defaults) and `Orders`.
+pub fn start_node(dir: &Path, network: Network) -> Node {
+    let config = dir.join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    let topics = serde_json::json!({ "topicConfigTable": {
+        "Drained": {"topicName": "Drained", "readQueueNums": 4, "writeQueueNums": 0, "perm": 6},
+        "Unsized": {"topicName": "Unsized"},
+        "Orders": {"topicName": "Orders", "readQueueNums": 8, "writeQueueNums": 8, "perm": 6},
+    }});
+    std::fs::write(config.join("topics.json"), topics.to_string()).unwrap();
+    let cfg = NodeConfig {
+        network,
+        data_dir: dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        namesrv_enable: false,
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        shards: 2,
+        pin: false,
+        max_suspend_ms: 20,
+        offset_flush_interval_ms: 200,
+        ..NodeConfig::default()
+    };
+    let mut store = ShardedConfig::new(dir);
+    store.shards = 2;
+    store.pin = false;
+    store.io_memory_bytes = 8 << 20;
+    store.store = StoreConfig::small_for_tests(dir);
+    Node::start_with_store(cfg, store).expect("node starts")
+}
 
 /// Reads choices from the input bytes.
 pub struct Gen<'a> {
