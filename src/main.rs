@@ -274,6 +274,15 @@ fn serve_cmd(cfg: coremq::node::NodeConfig) -> ExitCode {
         Err(e) => return fail(&e),
     };
     while STOP_SIGNAL.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        // A dead shard is never left silent: shut the others down cleanly and exit
+        // with a status a supervisor sees (recovery runs on the dead shard at restart).
+        if let Some(why) = node.failure() {
+            eprintln!("coremq: the node failed: {why}");
+            if let Err(e) = node.shutdown() {
+                eprintln!("coremq: shutdown after the failure: {e}");
+            }
+            return ExitCode::from(coremq::node::EXIT_NODE_FAILED);
+        }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     tracing::info!(

@@ -79,6 +79,9 @@ pub struct NodeConfig {
     pub register_interval_ms: u64,
     /// `tracing` filter (RUST_LOG wins when set), e.g. "info" or "coremq=debug".
     pub log_level: String,
+    /// Tests only, off by default: answer the fault-injection request codes
+    /// (`codes::TEST_PANIC_IN_HANDLER`, `TEST_PANIC_IN_STORE`) by panicking on purpose.
+    pub test_hooks: bool,
 }
 
 impl Default for NodeConfig {
@@ -111,12 +114,17 @@ impl Default for NodeConfig {
             namesrv_addr: Vec::new(),
             register_interval_ms: 30_000,
             log_level: "info".into(),
+            test_hooks: false,
         }
     }
 }
 
 /// Most queues a topic may have.
 pub const MAX_QUEUE_NUMS: i32 = 1024;
+
+/// Longest interval or timeout a setting may name (a week): deadlines are computed
+/// as `now + setting`, which must not overflow.
+pub const MAX_INTERVAL_MS: u64 = 7 * 24 * 3600 * 1000;
 
 impl NodeConfig {
     /// Reads a TOML file; unknown keys are refused (a typo must not pass silently).
@@ -146,6 +154,20 @@ impl NodeConfig {
         }
         if self.broker_name.is_empty() || self.cluster_name.is_empty() {
             return bad("broker_name and cluster_name must not be empty".into());
+        }
+        let intervals = [
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("max_suspend_ms", self.max_suspend_ms),
+            ("offset_flush_interval_ms", self.offset_flush_interval_ms),
+            ("client_expiry_ms", self.client_expiry_ms),
+            ("register_interval_ms", self.register_interval_ms),
+        ];
+        for (name, ms) in intervals {
+            if ms > MAX_INTERVAL_MS {
+                return bad(format!(
+                    "{name} must be at most {MAX_INTERVAL_MS} (a week), not {ms}"
+                ));
+            }
         }
         Ok(())
     }

@@ -32,6 +32,9 @@ pub struct Metrics {
     pub connections_accepted: AtomicU64,
     pub connections_refused: AtomicU64,
     pub bad_frames: AtomicU64,
+    /// Requests whose handler panicked (answered `SYSTEM_ERROR`, or, inside the store,
+    /// failing the node).
+    pub request_panics: AtomicU64,
 }
 
 impl Metrics {
@@ -54,6 +57,7 @@ impl Metrics {
             connections_accepted: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             bad_frames: AtomicU64::new(0),
+            request_panics: AtomicU64::new(0),
         }
     }
 
@@ -70,8 +74,14 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition; `shards` gives each shard's log positions.
-    pub fn render(&self, connections_open: usize, shards: &[Option<crate::ShardStatus>]) -> String {
+    /// Prometheus text exposition; `shards` gives each shard's log positions, `failed`
+    /// whether the node failed.
+    pub fn render(
+        &self,
+        connections_open: usize,
+        failed: bool,
+        shards: &[Option<crate::ShardStatus>],
+    ) -> String {
         use std::fmt::Write;
         let mut out = String::new();
         let name = "coremq_put_latency_seconds";
@@ -204,6 +214,20 @@ impl Metrics {
         );
         one(
             &mut out,
+            "coremq_request_panics_total",
+            "counter",
+            "Requests whose handler panicked (answered SYSTEM_ERROR; inside the store: the node failed).",
+            load(&self.request_panics),
+        );
+        one(
+            &mut out,
+            "coremq_node_failed",
+            "gauge",
+            "1 once a shard died while serving: the node must be restarted.",
+            failed as u64,
+        );
+        one(
+            &mut out,
             "coremq_connections_open",
             "gauge",
             "Connections open.",
@@ -226,7 +250,10 @@ pub(super) fn serve(st: Arc<NodeState>, listener: TcpListener) {
         let shards: Vec<Option<crate::ShardStatus>> = (0..st.handle.shards())
             .map(|i| futures_lite::future::block_on(st.handle.shard_status(i)).ok())
             .collect();
-        let body = st.metrics.render(st.open.load(Ordering::SeqCst), &shards);
+        let failed = st.failure().is_some();
+        let body = st
+            .metrics
+            .render(st.open.load(Ordering::SeqCst), failed, &shards);
         let head = format!(
             "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()

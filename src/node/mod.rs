@@ -30,6 +30,17 @@
 //!   Unknown request codes get `REQUEST_CODE_NOT_SUPPORTED`; missing or malformed
 //!   header fields get `SYSTEM_ERROR` with a remark. Connections beyond
 //!   `max_connections` are closed on accept; silent ones after `idle_timeout_ms`.
+//! * **Panics.** A request whose handler panics is answered `SYSTEM_ERROR` (remark
+//!   naming its code), logged and counted; its shard and connection go on. A panic
+//!   inside the store is never caught: its shard stops (fail-stop) and the node fails
+//!   loudly. Details: `processor/mod.rs`.
+//! * **A dead shard is never silent.** A watchdog (the housekeeping thread, every
+//!   50 ms) checks that every shard's thread is alive; a shard that died (a store
+//!   panic, or any task panicking on its executor) while the node was not shutting
+//!   down makes the node failed: logged at error level, `coremq_node_failed` 1,
+//!   [`Node::failure`] says why, and `coremq serve` shuts the other shards down
+//!   cleanly and exits with status [`EXIT_NODE_FAILED`] (3), so a supervisor restarts
+//!   it and recovery runs on the dead shard.
 //! * **State beside the store** (`<data-dir>/config/`, `state.rs`): `topics.json`
 //!   (queue counts, permissions) and `consumerOffset.json` (RocketMQ's `offsetTable`
 //!   shape, written every `offset_flush_interval_ms` and at shutdown).
@@ -94,9 +105,24 @@ pub(crate) struct NodeState {
     conns: Mutex<HashMap<u64, TcpStream>>,
     /// Connection and held-pull threads running.
     active: AtomicUsize,
+    /// Why the node failed (a shard died), once it did.
+    failure: Mutex<Option<String>>,
 }
 
 impl NodeState {
+    /// Records that the node failed (the first reason is kept) and says so loudly.
+    pub(crate) fn fail(&self, why: String) {
+        let mut failure = lock(&self.failure);
+        if failure.is_none() {
+            tracing::error!(why = %why, "the node failed: a shard is gone; it must be restarted");
+            *failure = Some(why);
+        }
+    }
+
+    pub(crate) fn failure(&self) -> Option<String> {
+        lock(&self.failure).clone()
+    }
+
     /// Counts a new connection in, or refuses it at the limit.
     pub(crate) fn try_open_connection(&self) -> bool {
         let n = self.open.fetch_add(1, Ordering::SeqCst);
@@ -197,6 +223,7 @@ impl Node {
             net_stopped: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             active: AtomicUsize::new(0),
+            failure: Mutex::new(None),
             cfg,
         });
         let mut node = Node {
@@ -257,6 +284,45 @@ impl Node {
         self.state.handle.clone()
     }
 
+    /// Why the node failed, once it did: a shard's thread died while the node was
+    /// serving (a panic inside the store, or any task panicking on a shard). Its
+    /// queues are unavailable until the node is restarted (recovery runs on that shard);
+    /// the other shards go on. `coremq serve` checks this and exits with
+    /// [`EXIT_NODE_FAILED`].
+    pub fn failure(&self) -> Option<String> {
+        self.state.failure()
+    }
+
+    /// Serves one request in this process, as a connection on `shard`'s front end
+    /// would (`network = "shards"`: on that shard's executor, `shard` taken modulo the
+    /// shard count; `"threads"`: on the calling thread), and returns its response, or
+    /// `None` for a one-way request. A held pull is waited for here. Blocks the
+    /// calling thread: call it outside any executor. Errors only when the shard is
+    /// gone. For embedding without a socket, and for driving the processors in tests
+    /// and fuzzing.
+    pub fn serve_request(
+        &self,
+        shard: usize,
+        req: remoting::RemotingCommand,
+    ) -> Result<Option<remoting::RemotingCommand>> {
+        let st = self.state.clone();
+        match st.cfg.network {
+            Network::Shards => {
+                let shard = shard % st.handle.shards();
+                let handle = st.handle.clone();
+                let job = handle.run_on(shard, move |_| async move {
+                    serve_in_process(&st, req, processor::Waiting::Glommio).await
+                });
+                futures_lite::future::block_on(job)
+            }
+            Network::Threads => Ok(futures_lite::future::block_on(serve_in_process(
+                &st,
+                req,
+                processor::Waiting::Blocking,
+            ))),
+        }
+    }
+
     /// Stops accepting, finishes requests in flight, writes consumer offsets and shuts
     /// the store down cleanly.
     pub fn shutdown(mut self) -> Result<()> {
@@ -287,7 +353,7 @@ impl Node {
                     }
                 })
             };
-            net.stop();
+            net.stop(&st.handle);
             st.net_stopped.store(true, Ordering::SeqCst);
             let _ = waker.join();
         }
@@ -320,6 +386,26 @@ impl Drop for Node {
     }
 }
 
+/// The status `coremq serve` exits with when the node failed ([`Node::failure`]).
+pub const EXIT_NODE_FAILED: u8 = 3;
+
+/// The connection id of requests served by [`Node::serve_request`] (sockets count
+/// from 1).
+const IN_PROCESS_CONN: u64 = 0;
+
+async fn serve_in_process(
+    st: &NodeState,
+    req: remoting::RemotingCommand,
+    how: processor::Waiting,
+) -> Option<remoting::RemotingCommand> {
+    let peer = SocketAddr::from(([127, 0, 0, 1], 0));
+    match processor::process(st, req, IN_PROCESS_CONN, peer).await {
+        processor::Outcome::Reply(resp) => Some(resp),
+        processor::Outcome::NoReply => None,
+        processor::Outcome::Hold(hold) => Some(processor::serve_hold(st, hold, how).await),
+    }
+}
+
 /// Where to connect to reach a listener bound to `addr` (0.0.0.0 means loopback).
 fn wake_addr(addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() {
@@ -329,12 +415,14 @@ fn wake_addr(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-/// Writes consumer offsets and expires silent clients, until shutdown.
+/// Writes consumer offsets, expires silent clients and watches the shards, until
+/// shutdown.
 fn housekeeping(st: Arc<NodeState>) {
     let every = Duration::from_millis(st.cfg.offset_flush_interval_ms.max(10));
     let mut last = Instant::now();
     while !st.shutting.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
+        watch_shards(&st);
         if last.elapsed() < every {
             continue;
         }
@@ -344,5 +432,18 @@ fn housekeeping(st: Arc<NodeState>) {
         }
         st.clients
             .expire(Duration::from_millis(st.cfg.client_expiry_ms));
+    }
+}
+
+/// The watchdog: a shard whose thread ended while the node is serving makes the node
+/// failed (see the module docs).
+fn watch_shards(st: &NodeState) {
+    for shard in 0..st.handle.shards() {
+        if !st.handle.is_alive(shard) && !st.shutting.load(Ordering::SeqCst) {
+            st.fail(format!(
+                "shard {shard} stopped: its executor died (a task panicked on it); \
+                 its queues are unavailable until the node restarts"
+            ));
+        }
     }
 }

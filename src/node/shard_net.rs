@@ -84,13 +84,25 @@ impl ShardNet {
         Ok(net)
     }
 
-    /// Stops accepting and waits for every shard's connections to finish.
-    pub(crate) fn stop(&mut self) {
+    /// Stops accepting and waits for every shard's connections to finish. A dead
+    /// shard's serving job never answers (glommio keeps the tasks of an executor that
+    /// died), so its thread is left behind rather than waited for.
+    pub(crate) fn stop(&mut self, handle: &crate::shard::Handle) {
         for s in self.stops.drain(..) {
             let _ = s.send(());
         }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        for (shard, t) in self.threads.drain(..).enumerate() {
+            while !t.is_finished() && handle.is_alive(shard) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::error!(
+                    shard,
+                    "shard {shard} is dead; its connections are abandoned"
+                );
+            }
         }
     }
 }

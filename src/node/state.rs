@@ -52,8 +52,19 @@ pub struct TopicConf {
     pub perm: i32,
 }
 
+/// Queue counts of a `topics.json` entry that names none (RocketMQ's
+/// `TopicConfig.defaultReadQueueNums` / `defaultWriteQueueNums`).
+pub const ROCKETMQ_DEFAULT_QUEUE_NUMS: i32 = 16;
+
 /// Topics and their queue counts, persisted as `config/topics.json`
 /// (RocketMQ's `topicConfigTable` shape).
+///
+/// An entry is read as RocketMQ's `TopicConfig` reads it: a missing field keeps
+/// RocketMQ's default (16 read and 16 write queues, perm read|write), so a RocketMQ
+/// broker's file means the same here. Queue counts may be 0 (RocketMQ drains a topic by
+/// setting `writeQueueNums` 0; sends to it are refused). A count that is not a whole
+/// number within 0..=`i32::MAX`, or an entry that is not an object, refuses the load
+/// with an error naming the file, topic and field.
 pub struct Topics {
     path: PathBuf,
     table: Mutex<BTreeMap<String, TopicConf>>,
@@ -68,15 +79,7 @@ impl Topics {
         {
             {
                 for (name, c) in t {
-                    let n = |k: &str| c.get(k).and_then(Value::as_i64).unwrap_or(0) as i32;
-                    table.insert(
-                        name.clone(),
-                        TopicConf {
-                            read_queue_nums: n("readQueueNums"),
-                            write_queue_nums: n("writeQueueNums"),
-                            perm: n("perm"),
-                        },
-                    );
+                    table.insert(name.clone(), topic_entry(&path, name, c)?);
                 }
             }
         }
@@ -121,6 +124,32 @@ impl Topics {
             .collect();
         json!({ "topicConfigTable": table })
     }
+}
+
+/// One `topicConfigTable` entry, read as RocketMQ's `TopicConfig` (see [`Topics`]).
+fn topic_entry(path: &Path, name: &str, entry: &Value) -> Result<TopicConf> {
+    let bad = |why: String| Error::Config(format!("{}: topic {name:?}: {why}", path.display()));
+    if !entry.is_object() {
+        return Err(bad(format!("the entry is not an object: {entry}")));
+    }
+    let field = |key: &str, default: i32, min: i64| match entry.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_i64()
+            .filter(|n| (min..=i32::MAX as i64).contains(n))
+            .map(|n| n as i32)
+            .ok_or_else(|| {
+                bad(format!(
+                    "{key} must be a whole number within {min}..={}, not {v}",
+                    i32::MAX
+                ))
+            }),
+    };
+    Ok(TopicConf {
+        read_queue_nums: field("readQueueNums", ROCKETMQ_DEFAULT_QUEUE_NUMS, 0)?,
+        write_queue_nums: field("writeQueueNums", ROCKETMQ_DEFAULT_QUEUE_NUMS, 0)?,
+        perm: field("perm", PERM_READ | PERM_WRITE, i32::MIN as i64)?,
+    })
 }
 
 /// Consumer offsets by `topic@group` and queue, persisted as
@@ -309,6 +338,57 @@ impl Arrivals {
             for w in waiters.drain(..) {
                 let _ = w.try_send(());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(table: Value) -> Result<Topics> {
+        let dir = tempfile::tempdir().unwrap();
+        let text = serde_json::to_vec(&json!({ "topicConfigTable": table })).unwrap();
+        std::fs::write(dir.path().join("topics.json"), text).unwrap();
+        Topics::load(dir.path())
+    }
+
+    /// RocketMQ's `TopicConfig` defaults fill missing fields; 0 queues is kept (a
+    /// drained topic).
+    #[test]
+    fn topic_entries_read_as_rocketmq_does() {
+        let t = load(json!({
+            "Bare": {"topicName": "Bare"},
+            "Drained": {"readQueueNums": 4, "writeQueueNums": 0, "perm": 6},
+            "NullPerm": {"readQueueNums": 2, "writeQueueNums": 2, "perm": null},
+        }))
+        .unwrap();
+        let conf = |r, w, p| TopicConf {
+            read_queue_nums: r,
+            write_queue_nums: w,
+            perm: p,
+        };
+        assert_eq!(t.get("Bare"), Some(conf(16, 16, 6)));
+        assert_eq!(t.get("Drained"), Some(conf(4, 0, 6)));
+        assert_eq!(t.get("NullPerm"), Some(conf(2, 2, 6)));
+    }
+
+    #[test]
+    fn bad_topic_entries_refuse_the_load_naming_topic_and_field() {
+        for (entry, field) in [
+            (json!({"writeQueueNums": -1}), "writeQueueNums"),
+            (json!({"readQueueNums": 4_294_967_296u64}), "readQueueNums"),
+            (json!({"writeQueueNums": "8"}), "writeQueueNums"),
+            (json!({"writeQueueNums": 1.5}), "writeQueueNums"),
+            (json!({"perm": 1u64 << 40}), "perm"),
+            (json!(5), "not an object"),
+        ] {
+            let e = load(json!({ "T1": entry })).err().expect("refused");
+            let text = e.to_string();
+            assert!(
+                text.contains("topics.json") && text.contains("\"T1\"") && text.contains(field),
+                "{text}"
+            );
         }
     }
 }

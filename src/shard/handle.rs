@@ -76,6 +76,15 @@ impl Handle {
         self.shared.senders.len()
     }
 
+    /// Whether `shard`'s thread is still serving (false once it ended: shut down, or its
+    /// executor died with a panicking task). A plain load, no hop: for watchdogs.
+    pub fn is_alive(&self, shard: usize) -> bool {
+        self.shared
+            .alive
+            .get(shard)
+            .is_some_and(|a| a.load(Ordering::SeqCst))
+    }
+
     /// The shard owning `(topic, queue_id)`.
     pub fn shard_of(&self, topic: &str, queue_id: i32) -> usize {
         shard_of(topic, queue_id, self.shards())

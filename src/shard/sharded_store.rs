@@ -216,8 +216,8 @@ impl Drop for ShardedStore {
     }
 }
 
-/// Lives as long as a shard's main task. When the task ends (returns, or is dropped
-/// while its thread unwinds from a panic) it marks the shard dead and drops queued
+/// Lives as long as a shard's main task. When the task ends, or its thread does (a
+/// panicking task unwinds out of the executor), it marks the shard dead and drops queued
 /// requests, so their callers get an error instead of waiting for ever.
 struct Alive {
     shard: usize,
@@ -234,6 +234,16 @@ impl Drop for Alive {
     }
 }
 
+thread_local! {
+    /// This shard thread's [`Alive`], kept by the thread rather than by the main task:
+    /// when a panic unwinds out of the executor, glommio drops the panicking task but
+    /// leaks the sleeping ones (the main task among them, waiting on its inbox), so a
+    /// guard inside the task was never dropped and the dead shard looked alive (issue
+    /// 16: the node's watchdog, `shard_status` and `shutdown` waited on it for ever).
+    /// Thread-local destructors run when the thread ends, however it ends.
+    static ALIVE: std::cell::RefCell<Option<Alive>> = const { std::cell::RefCell::new(None) };
+}
+
 async fn shard_main(
     shard: usize,
     cfg: StoreConfig,
@@ -241,11 +251,23 @@ async fn shard_main(
     handle: Handle,
     ready: flume::Sender<Result<()>>,
 ) {
-    let _alive = Alive {
+    let alive = Alive {
         shard,
         handle,
         inbox: inbox.clone(),
     };
+    ALIVE.with(|a| *a.borrow_mut() = Some(alive));
+    shard_serve(shard, cfg, inbox, ready).await;
+    // A normal end: dead from here (a panic's end is the thread-local's destructor).
+    ALIVE.with(|a| drop(a.borrow_mut().take()));
+}
+
+async fn shard_serve(
+    shard: usize,
+    cfg: StoreConfig,
+    inbox: Inbox,
+    ready: flume::Sender<Result<()>>,
+) {
     match Store::open(cfg).await {
         Ok(store) => {
             let _ = ready.send(Ok(()));

@@ -5,7 +5,7 @@
 //! A topic's read and write queue counts must lie within 1..=`MAX_QUEUE_NUMS` (1024).
 
 use super::{
-    NodeState, Reject, field, num, ok, opt_num, queue_args, reject, store_error, valid_topic,
+    NodeState, Reject, clip, field, num, ok, opt_num, queue_args, reject, store_error, valid_topic,
 };
 use crate::StoreOps;
 use crate::node::remoting::RemotingCommand;
@@ -20,7 +20,7 @@ pub(super) fn create_topic(
     if !valid_topic(topic) {
         return Err(reject(
             SYSTEM_ERROR,
-            format!("invalid topic name {topic:?}"),
+            format!("invalid topic name \"{}\"", clip(topic)),
         ));
     }
     let read: i32 = opt_num(req, "readQueueNums")?.unwrap_or(st.cfg.default_queue_nums);

@@ -7,7 +7,7 @@
 //! RocketMQ; on a queue whose head was removed it gets `QUERY_NOT_FOUND` and the client
 //! applies its own start policy.
 
-use super::{NodeState, Reject, field, num, ok, queue_args, reject, store_error};
+use super::{NodeState, Reject, clip, field, num, ok, queue_args, reject, store_error};
 use crate::StoreOps;
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
@@ -60,7 +60,7 @@ pub(super) fn consumer_list(
     if ids.is_empty() {
         return Err(reject(
             SYSTEM_ERROR,
-            format!("no consumer for this group, {group}"),
+            format!("no consumer for this group, {}", clip(group)),
         ));
     }
     let body = json!({ "consumerIdList": ids });

@@ -22,7 +22,32 @@
 //!   with `SYSTEM_ERROR` and a remark naming it, as RocketMQ's header decoding does.
 //!   Unknown codes get `REQUEST_CODE_NOT_SUPPORTED`.
 //! * A request for a queue owned by the shard this thread runs calls that store
-//!   directly ([`set_local_shard`]); any other goes through the store's `Handle`.
+//!   directly ([`set_local_shard`], through [`LocalStore`]); any other goes through the
+//!   store's `Handle`.
+//!
+//! Panics (issue 16: a division by zero on one request took a shard's executor, and its
+//! store, down while the node kept accepting). glommio does not catch a task's panic:
+//! it unwinds out of the executor and the shard is gone. So [`process`] and
+//! [`serve_hold`] run each request under `catch_unwind`, and what is caught is sorted
+//! by where it was raised:
+//! * **In the node's own request code** (parsing, topic tables, responses): the request
+//!   is answered `SYSTEM_ERROR` with a remark naming its code, the panic is logged at
+//!   error level and counted (`coremq_request_panics_total`), and the shard and the
+//!   connection go on. Safe because that code keeps nothing half-done that outlives the
+//!   request: the node's tables sit behind mutexes taken without poisoning (each update
+//!   is one insert or remove), `RefCell` borrows end with the unwind, and the in-flight
+//!   and held-pull counts are guards dropped on the way out.
+//! * **Inside the store** (a call made in place on this shard through [`LocalStore`]):
+//!   the store may be left half-updated (a write window reserved, a queue entry
+//!   half-built), and nothing here can tell. It is never swallowed: [`LocalStore`]
+//!   marks the panic ([`StorePanic`]), the catch records the node's failure and lets
+//!   it go on unwinding, so the shard stops as it would have (fail-stop: nothing more
+//!   is written or acknowledged through that store) and the node reports it
+//!   ([`crate::node::Node::failure`]; `coremq serve` then shuts the other shards down
+//!   cleanly and exits with status 3). A store panic in a store task on any shard
+//!   (work sent through the `Handle`, background tasks) never reaches this catch; it
+//!   kills its executor directly and the node's watchdog reports the dead shard the
+//!   same way.
 
 mod admin_broker;
 mod client_manage;
@@ -32,13 +57,16 @@ mod pull_message;
 mod query_message;
 mod send_message;
 
-pub(crate) use pull_message::{Hold, Waiting, serve_hold};
+pub(crate) use pull_message::{Hold, Waiting};
 
 use super::NodeState;
 use super::state::{PERM_READ, PERM_WRITE, TopicConf};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use futures_lite::FutureExt;
+use std::any::Any;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 
 /// What the connection does with a request.
@@ -50,13 +78,99 @@ pub(crate) enum Outcome {
     Hold(Hold),
 }
 
-/// Serves one request.
+/// Serves one request: its [`Outcome`], also when its handler panicked (see the module
+/// docs; a panic inside the store is let through).
 pub(crate) async fn process(
     st: &NodeState,
     req: RemotingCommand,
     conn: u64,
     peer: SocketAddr,
 ) -> Outcome {
+    let (code, oneway) = (req.code, req.is_oneway());
+    let failed = RemotingCommand::response_to(&req, SYSTEM_ERROR, None);
+    match AssertUnwindSafe(dispatch(st, req, conn, peer))
+        .catch_unwind()
+        .await
+    {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let remark = caught(st, code, "request", panic);
+            if oneway {
+                Outcome::NoReply
+            } else {
+                Outcome::Reply(RemotingCommand {
+                    remark: Some(remark),
+                    ..failed
+                })
+            }
+        }
+    }
+}
+
+/// Serves a held pull (see [`pull_message::serve_hold`]) under the same catch as
+/// [`process`].
+pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> RemotingCommand {
+    let (code, failed) = (hold.request_code(), hold.failure_response());
+    match AssertUnwindSafe(pull_message::serve_hold(st, hold, how))
+        .catch_unwind()
+        .await
+    {
+        Ok(resp) => resp,
+        Err(panic) => {
+            let remark = caught(st, code, "held pull", panic);
+            RemotingCommand {
+                code: SYSTEM_ERROR,
+                remark: Some(remark),
+                ..failed
+            }
+        }
+    }
+}
+
+/// A panic raised inside the store, called in place through [`LocalStore`]: the catch
+/// in [`process`] lets it through (the store may be half-updated).
+pub(crate) struct StorePanic(Box<dyn Any + Send>);
+
+/// The text of a panic's payload.
+fn panic_text(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(StorePanic(inner)) = panic.downcast_ref::<StorePanic>() {
+        panic_text(inner.as_ref())
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
+/// Handles a panic caught while serving a request with `code`: the remark to answer
+/// with, or, for a panic inside the store, the node's failure recorded and the panic
+/// resumed (it takes this shard's executor down: fail-stop).
+fn caught(st: &NodeState, code: i32, what: &str, panic: Box<dyn Any + Send>) -> String {
+    st.metrics.request_panics.fetch_add(1, Ordering::Relaxed);
+    let text = panic_text(panic.as_ref());
+    if panic.is::<StorePanic>() {
+        let why = format!(
+            "the store panicked serving a {what} with request code {code}: {text}; \
+             the shard stops (its store may be half-updated)"
+        );
+        st.fail(why);
+        std::panic::resume_unwind(panic);
+    }
+    tracing::error!(
+        code,
+        panic = %text,
+        "a {what} handler panicked; answered SYSTEM_ERROR, the shard goes on"
+    );
+    format!(
+        "the broker failed serving request code {code}: the handler panicked: {}",
+        clip(&text)
+    )
+}
+
+/// Dispatches one request by its code.
+async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketAddr) -> Outcome {
     st.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let oneway = req.is_oneway();
     tracing::trace!(code = req.code, opaque = req.opaque, fields = ?req.ext_fields, body = req.body.len(), "request");
@@ -65,7 +179,12 @@ pub(crate) async fn process(
             send_message::send(st, &req, peer).await
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
-        PULL_MESSAGE | LITE_PULL_MESSAGE => return pull_message::pull(st, req).await,
+        PULL_MESSAGE | LITE_PULL_MESSAGE => {
+            // A one-way pull is served (a commit offset it carries is stored) but never
+            // answered, held or not.
+            let outcome = pull_message::pull(st, req).await;
+            return if oneway { Outcome::NoReply } else { outcome };
+        }
         QUERY_MESSAGE => query_message::query_message(st, &req).await,
         VIEW_MESSAGE_BY_ID => query_message::view_message(st, &req).await,
         UPDATE_AND_CREATE_TOPIC => admin_broker::create_topic(st, &req),
@@ -79,6 +198,10 @@ pub(crate) async fn process(
         GET_CONSUMER_LIST_BY_GROUP => consumer_manage::consumer_list(st, &req),
         GET_ROUTEINFO_BY_TOPIC => namesrv::route(st, &req),
         GET_BROKER_CLUSTER_INFO => Ok(namesrv::cluster_info(st, &req)),
+        TEST_PANIC_IN_HANDLER if st.cfg.test_hooks => {
+            panic!("test hook: request code {TEST_PANIC_IN_HANDLER} panics in its handler")
+        }
+        TEST_PANIC_IN_STORE if st.cfg.test_hooks => test_panic_in_store(st).await,
         other => Err(reject(
             REQUEST_CODE_NOT_SUPPORTED,
             format!(" request type {other} not supported"),
@@ -105,13 +228,70 @@ pub(crate) fn set_local_shard(ctx: Option<crate::shard::ShardContext>) {
 }
 
 /// This thread's store, when this thread is the shard owning `(topic, queue_id)`.
-fn local_owner(topic: &str, queue_id: i32) -> Option<crate::store::Store> {
+fn local_owner(topic: &str, queue_id: i32) -> Option<LocalStore> {
     LOCAL_SHARD.with(|c| {
         c.borrow()
             .as_ref()
             .filter(|ctx| ctx.owns(topic, queue_id))
-            .map(|ctx| ctx.store.clone())
+            .map(|ctx| LocalStore(ctx.store.clone()))
     })
+}
+
+/// This thread's shard store, called in place. The only way processors reach a store
+/// without the `Handle`, so that every panic raised inside it is marked a
+/// [`StorePanic`].
+pub(crate) struct LocalStore(crate::store::Store);
+
+impl LocalStore {
+    pub(crate) async fn put(&self, msg: crate::Message) -> crate::PutResult {
+        in_store(self.0.put(msg)).await
+    }
+
+    pub(crate) async fn put_batch(&self, msgs: &[crate::Message]) -> crate::PutResult {
+        in_store(self.0.put_batch(msgs)).await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        offset: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> crate::Result<crate::GetResult> {
+        in_store(self.0.get(topic, queue_id, offset, max, max_bytes)).await
+    }
+
+    pub(crate) async fn wait_dispatched(&self) {
+        in_store(self.0.wait_dispatched()).await
+    }
+}
+
+/// Polls `f`, marking any panic raised while it runs as the store's.
+async fn in_store<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    futures_lite::future::poll_fn(|cx| {
+        std::panic::catch_unwind(AssertUnwindSafe(|| f.as_mut().poll(cx)))
+            .unwrap_or_else(|panic| std::panic::resume_unwind(Box::new(StorePanic(panic))))
+    })
+    .await
+}
+
+/// `TEST_PANIC_IN_STORE` (only with `test_hooks`): a panic inside a store call. On a
+/// shard front end it is raised in place through [`in_store`], as a store bug would be;
+/// elsewhere in a task on shard 0, as a bug in routed store work would be.
+async fn test_panic_in_store(st: &NodeState) -> Result<RemotingCommand, Reject> {
+    let here = LOCAL_SHARD.with(|c| c.borrow().is_some());
+    if here {
+        in_store(async { test_store_panic() }).await;
+    } else {
+        let _ = st.handle.run_on(0, |_| async { test_store_panic() }).await;
+    }
+    Err(reject(SYSTEM_ERROR, "the store's shard stopped"))
+}
+
+fn test_store_panic() {
+    panic!("test hook: request code {TEST_PANIC_IN_STORE} panics inside the store")
 }
 
 /// A refusal: response code and remark.
@@ -126,6 +306,25 @@ fn store_error(e: crate::Error) -> Reject {
     reject(SYSTEM_ERROR, e.to_string())
 }
 
+/// Most characters of a request's value echoed in a remark.
+const ECHO_CHARS: usize = 64;
+
+/// `s` for a remark: control characters escaped, cut to [`ECHO_CHARS`] characters
+/// with its length named. A remark echoing a whole value grew the response up to six
+/// times the request (a 15 MiB topic of `\x01` bytes made a 90 MiB remark, and a
+/// header over 16 MiB cannot be framed).
+fn clip(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(ECHO_CHARS)
+        .flat_map(char::escape_debug)
+        .collect();
+    if s.chars().nth(ECHO_CHARS).is_some() {
+        out.push_str(&format!("... ({} bytes)", s.len()));
+    }
+    out
+}
+
 fn field<'a>(req: &'a RemotingCommand, name: &str) -> Result<&'a str, Reject> {
     req.field(name)
         .ok_or_else(|| reject(SYSTEM_ERROR, format!("the custom field <{name}> is null")))
@@ -136,7 +335,7 @@ fn num<T: std::str::FromStr>(req: &RemotingCommand, name: &str) -> Result<T, Rej
     v.trim().parse().map_err(|_| {
         reject(
             SYSTEM_ERROR,
-            format!("the custom field <{name}> is not a number: {v:?}"),
+            format!("the custom field <{name}> is not a number: \"{}\"", clip(v)),
         )
     })
 }
@@ -171,7 +370,10 @@ fn topic_conf(st: &NodeState, topic: &str, create: bool) -> Result<TopicConf, Re
     if !valid_topic(topic) {
         return Err(reject(
             TOPIC_NOT_EXIST,
-            format!("topic {topic:?} is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})"),
+            format!(
+                "topic \"{}\" is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})",
+                clip(topic)
+            ),
         ));
     }
     if let Some(c) = st.topics.get(topic) {

@@ -7,7 +7,7 @@
 //! a topic: with `auto_create_topic` on, an unknown valid topic is answered with the
 //! default queue counts and created by its first send.
 
-use super::{NodeState, Reject, field, ok, reject, topic_conf};
+use super::{NodeState, Reject, clip, field, ok, reject, topic_conf};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
 use serde_json::{Value, json};
@@ -21,7 +21,10 @@ pub(super) fn route(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCom
     let c = topic_conf(st, topic, false).map_err(|(_, remark)| {
         reject(
             TOPIC_NOT_EXIST,
-            format!("No topic route info in name server for the topic: {topic} ({remark})"),
+            format!(
+                "No topic route info in name server for the topic: {} ({remark})",
+                clip(topic)
+            ),
         )
     })?;
     let body = json!({

@@ -104,13 +104,17 @@ pub(super) async fn pull(st: &NodeState, req: RemotingCommand) -> Outcome {
         let (counted, before) = HeldGuard::take(&st.held);
         // Beyond the limit the pull is answered at once (the guard un-counts it).
         if before < st.cfg.max_held_pulls {
+            // `max_suspend_ms` is bounded by config validation, so this cannot overflow.
             let hold_ms = args.suspend_ms.min(st.cfg.max_suspend_ms);
+            let now = Instant::now();
             return Outcome::Hold(Hold {
                 _counted: counted,
                 req,
                 pull: args,
                 seen,
-                deadline: Instant::now() + Duration::from_millis(hold_ms),
+                deadline: now
+                    .checked_add(Duration::from_millis(hold_ms))
+                    .unwrap_or(now),
             });
         }
     }
@@ -221,6 +225,18 @@ pub(crate) struct Hold {
     /// The queue's arrival counter read before the first attempt.
     seen: u64,
     deadline: Instant,
+}
+
+impl Hold {
+    /// The held request's code.
+    pub(crate) fn request_code(&self) -> i32 {
+        self.req.code
+    }
+
+    /// A `SYSTEM_ERROR` answer to the held request, remark to be filled in.
+    pub(crate) fn failure_response(&self) -> RemotingCommand {
+        RemotingCommand::response_to(&self.req, SYSTEM_ERROR, None)
+    }
 }
 
 /// Decrements the count of held pulls when a hold ends (answered or dropped).

@@ -15,7 +15,7 @@
 //!   implemented), `%DLQ%group` once the message failed `maxReconsumeTimes` (16) times.
 
 use super::{
-    NodeState, Reject, field, local_owner, num, opt_num, reject, store_error, topic_conf,
+    NodeState, Reject, clip, field, local_owner, num, opt_num, reject, store_error, topic_conf,
     valid_topic,
 };
 use crate::StoreOps;
@@ -154,7 +154,10 @@ pub(super) async fn send(
     if !valid_topic(&topic) {
         return Err(reject(
             MESSAGE_ILLEGAL,
-            format!("topic {topic:?} is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})"),
+            format!(
+                "topic \"{}\" is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})",
+                clip(&topic)
+            ),
         ));
     }
     let conf = topic_conf(st, &topic, true)?;
@@ -165,6 +168,17 @@ pub(super) async fn send(
         ));
     }
     let mut queue_id: i32 = num(&h, "queueId")?;
+    // A topic may have no write queues (RocketMQ drains a topic so): no queue to pick.
+    if conf.write_queue_nums <= 0 {
+        return Err(reject(
+            SYSTEM_ERROR,
+            format!(
+                "request queueId[{queue_id}] is illegal, topic {topic} has 0 write queues \
+                 (writeQueueNums {}): sending to it is closed",
+                conf.write_queue_nums
+            ),
+        ));
+    }
     if queue_id < 0 {
         queue_id =
             (st.next_queue.fetch_add(1, Ordering::Relaxed) % conf.write_queue_nums as u64) as i32;
@@ -287,7 +301,8 @@ pub(super) async fn send_back(
         .await
         .map_err(store_error)?
         .ok_or_else(not_found)?;
-    let times = m.reconsume_times + 1;
+    // Saturating: a stored message may carry any reconsume count (a client sets it).
+    let times = m.reconsume_times.saturating_add(1);
     let topic = if times > max_times {
         format!("%DLQ%{group}")
     } else {
@@ -296,7 +311,7 @@ pub(super) async fn send_back(
     if !valid_topic(&topic) {
         return Err(reject(
             SYSTEM_ERROR,
-            format!("invalid retry topic {topic:?}"),
+            format!("invalid retry topic \"{}\"", clip(&topic)),
         ));
     }
     topic_conf(st, &topic, true)?;

@@ -26,6 +26,14 @@ pub const SEND_MESSAGE_V2: i32 = 310;
 pub const SEND_BATCH_MESSAGE: i32 = 320;
 pub const LITE_PULL_MESSAGE: i32 = 361;
 
+// Fault injection, answered only by a node started with `test_hooks` (never set by
+// default, nor by anything in `coremq serve` unless its config file says so); any
+// other node answers them `REQUEST_CODE_NOT_SUPPORTED`. Negative: no RocketMQ code.
+/// The request's handler panics (the node answers `SYSTEM_ERROR`, the shard goes on).
+pub const TEST_PANIC_IN_HANDLER: i32 = -16001;
+/// A store call made for the request panics (the shard stops, the node fails loudly).
+pub const TEST_PANIC_IN_STORE: i32 = -16002;
+
 // Responses.
 pub const SUCCESS: i32 = 0;
 pub const SYSTEM_ERROR: i32 = 1;
