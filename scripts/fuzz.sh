@@ -18,6 +18,8 @@
 #   index_file     IndexHeader/IndexEntry decode, slot links via Geometry, file
 #                  names; re-encodes to the input, positions never overflow
 #   msg_id         MessageId::parse (hex) and from_bytes (raw); round trips
+#   ha             format::ha frame headers (any body limit) and slave reports;
+#                  whatever decodes re-encodes to the input, sizes stay in bounds
 #   manifest       QueueManifest::decode (raw and with a valid CRC appended);
 #                  whatever decodes re-encodes to exactly the input
 # A target fails on any panic (index out of range, overflow, capacity overflow, a
@@ -43,7 +45,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz_dir="$root/scripts/fuzz"
-all_targets=(record properties consume_queue checkpoint index_file msg_id manifest remoting_frame)
+all_targets=(record properties consume_queue checkpoint index_file msg_id manifest remoting_frame ha)
 
 seconds=60
 targets=()

@@ -30,7 +30,7 @@ pub mod store;
 pub mod tools;
 mod wake;
 
-pub use config::{FlushMode, StoreConfig, SyncFlushIo};
+pub use config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, StoreConfig, SyncFlushIo};
 pub use error::{Error, Result};
 pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,

@@ -96,6 +96,24 @@ impl WriteBufferPool {
         }
     }
 
+    /// Moves an empty pool's open buffer to the window holding `start` (a window's
+    /// first byte): the log, still empty, now begins there.
+    pub(super) fn restart_at(&mut self, start: u64) {
+        debug_assert_eq!(start % self.buf_bytes, 0);
+        while let Some(b) = self.resident.pop_front() {
+            match b {
+                WriteBuffer::Open(b) => self.free.push(b),
+                WriteBuffer::Sealed(rc) => {
+                    let b = Rc::try_unwrap(rc)
+                        .unwrap_or_else(|_| unreachable!("an empty log has no write in flight"));
+                    self.free.push(b);
+                }
+            }
+        }
+        self.first = start / self.buf_bytes;
+        self.push_new();
+    }
+
     /// Window index one past the newest resident buffer.
     pub(super) fn end_idx(&self) -> u64 {
         self.first + self.resident.len() as u64
@@ -142,6 +160,18 @@ impl CommitLog {
     /// Makes room in the pool for `len` more bytes, waiting for the writer to commit
     /// older buffers when the pool is exhausted. Call right before appending.
     pub async fn reserve(&self, len: u64) -> Result<()> {
+        self.reserve_with(|log| log.placement(len).start + len)
+            .await
+    }
+
+    /// [`CommitLog::reserve`] for bytes that go exactly at `written` (replicated
+    /// bytes, placed by their master): room up to `written + len`.
+    pub async fn reserve_at_written(&self, len: u64) -> Result<()> {
+        self.reserve_with(|log| log.written.get() + len).await
+    }
+
+    /// Makes room up to the end `end_of` computes (again after every wait).
+    async fn reserve_with(&self, end_of: impl Fn(&CommitLog) -> u64) -> Result<()> {
         loop {
             if let Some(f) = self.failure() {
                 return Err(Error::Failed(f));
@@ -149,7 +179,7 @@ impl CommitLog {
             if self.stopping.get() {
                 return Err(Error::ShutDown);
             }
-            let end = self.placement(len).start + len;
+            let end = end_of(self);
             if self.try_make_room(end) {
                 return Ok(());
             }
