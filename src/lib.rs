@@ -19,6 +19,7 @@ pub mod config;
 pub mod consume_queue;
 pub mod error;
 pub mod format;
+pub mod ha;
 pub mod index;
 pub mod io;
 pub mod message;
