@@ -23,8 +23,8 @@ use common::body;
 use coremq::shard::SHARD_SHIFT;
 use coremq::tools::inspect;
 use coremq::{
-    EmptySlaveStart, FlushMode, GetStatus, HaRole, Message, PutStatus, ShardedConfig,
-    ShardedStore, StoreConfig, StoreOps, StoredMessage,
+    EmptySlaveStart, GetStatus, HaRole, Message, PutStatus, ShardedConfig, ShardedStore,
+    StoreConfig, StoreOps, StoredMessage,
 };
 use futures_lite::future::block_on;
 use proxy::{Fault, Proxy};
@@ -189,7 +189,10 @@ fn slave_catches_up_byte_identical_and_serves_reads() {
     // Several segments (1 MiB each) per shard, records straddling windows and ends.
     let acked = produce(&mh, 0, 450);
     let end = caught_up(&mh, &sh);
-    assert!(end.iter().zip(bases()).all(|(e, b)| e - b > 2 << 20), "{end:?}");
+    assert!(
+        end.iter().zip(bases()).all(|(e, b)| e - b > 2 << 20),
+        "{end:?}"
+    );
     block_on(sh.flush()).unwrap();
     assert_identical(&mroot, &sroot, &bases(), &end);
     block_on(sh.wait_dispatched()).unwrap();
@@ -222,7 +225,10 @@ fn empty_slave_starts_at_the_masters_last_segment() {
     let end = caught_up(&mh, &sh);
     for s in 0..SHARDS {
         let st = block_on(sh.shard_status(s)).unwrap();
-        assert_eq!(st.min_log_offset, starts[s], "shard {s} begins at the master's last segment");
+        assert_eq!(
+            st.min_log_offset, starts[s],
+            "shard {s} begins at the master's last segment"
+        );
     }
     block_on(sh.flush()).unwrap();
     assert_identical(&mroot, &sroot, &starts, &end);
@@ -237,6 +243,225 @@ fn empty_slave_starts_at_the_masters_last_segment() {
     let end = caught_up(&mh, &sh);
     block_on(sh.flush()).unwrap();
     assert_identical(&mroot, &sroot, &starts, &end);
+    block_on(sh.wait_dispatched()).unwrap();
+    assert_has(&sh, &more, 1);
+    slave.shutdown().unwrap();
+    master.shutdown().unwrap();
+    check_clean(&sroot);
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn status(s: &ShardedStore) -> std::sync::Arc<coremq::ha::HaStatus> {
+    s.ha().expect("HA service").status().clone()
+}
+
+#[test]
+fn sync_master_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mroot, sroot) = (dir.path().join("master"), dir.path().join("slave"));
+    let (master, addr) = open(config(&mroot, HaRole::SyncMaster, None));
+    let mh = master.handle();
+    // No slave: stored, but not replicated, and said so at once.
+    let t0 = Instant::now();
+    let r = block_on(mh.put(message(TOPICS[0], 0, 0)));
+    assert_eq!(r.status, PutStatus::SlaveNotAvailable);
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "returned at once"
+    );
+    block_on(mh.wait_dispatched()).unwrap();
+    assert!(
+        block_on(mh.look_by_offset(r.log_offset)).unwrap().is_some(),
+        "stored"
+    );
+    let proxy = Proxy::start(addr);
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(proxy.addr)));
+    let (sh, st) = (slave.handle(), status(&slave));
+    wait_for("slave connected", 10, || {
+        (0..SHARDS).all(|s| st.connected(s))
+    });
+    caught_up(&mh, &sh);
+    // Connected and in sync: PutOk, and by then the slave has the record.
+    for q in 0..QUEUES {
+        let r = block_on(mh.put(message(TOPICS[1], q, 1)));
+        assert_eq!(r.status, PutStatus::PutOk);
+        let shard = (r.log_offset >> SHARD_SHIFT) as usize;
+        let slave_end = block_on(sh.shard_status(shard)).unwrap().max_log_offset;
+        assert!(
+            slave_end >= r.log_offset + r.wrote_bytes as u64,
+            "acknowledged before the slave had it"
+        );
+    }
+    // The slave receives the bytes but its reports are held: the put times out.
+    proxy.set(Fault::HoldReports);
+    let t0 = Instant::now();
+    let r = block_on(mh.put(message(TOPICS[0], 1, 2)));
+    assert_eq!(r.status, PutStatus::FlushSlaveTimeout);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1400),
+        "{:?}",
+        t0.elapsed()
+    );
+    let shard = (r.log_offset >> SHARD_SHIFT) as usize;
+    wait_for("the slave to hold the timed-out record", 10, || {
+        block_on(sh.shard_status(shard)).unwrap().max_log_offset
+            >= r.log_offset + r.wrote_bytes as u64
+    });
+    // Reports flow again: the next put is acknowledged.
+    proxy.set(Fault::None);
+    let r = block_on(mh.put(message(TOPICS[0], 1, 3)));
+    assert_eq!(r.status, PutStatus::PutOk);
+    // A put waiting when the slave stops: FlushSlaveTimeout; then SlaveNotAvailable.
+    proxy.set(Fault::HoldReports);
+    let h2 = mh.clone();
+    let waiting = std::thread::spawn(move || block_on(h2.put(message(TOPICS[0], 2, 4))).status);
+    std::thread::sleep(Duration::from_millis(300));
+    slave.shutdown().unwrap();
+    assert_eq!(waiting.join().unwrap(), PutStatus::FlushSlaveTimeout);
+    wait_for("the master to see the slave gone", 10, || {
+        block_on(mh.put(message(TOPICS[0], 3, 5))).status == PutStatus::SlaveNotAvailable
+    });
+    drop(proxy);
+    master.shutdown().unwrap();
+}
+
+#[test]
+fn broken_frames_are_refused_and_nothing_bad_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mroot, sroot) = (dir.path().join("master"), dir.path().join("slave"));
+    let (master, addr) = open(config(&mroot, HaRole::AsyncMaster, None));
+    let proxy = Proxy::start(addr);
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(proxy.addr)));
+    let (mh, sh, st) = (master.handle(), slave.handle(), status(&slave));
+    let mut acked = produce(&mh, 0, 20);
+    caught_up(&mh, &sh);
+    let mut n = 20;
+    for fault in [Fault::CorruptBody, Fault::ShiftOffset, Fault::CutMidFrame] {
+        let (refused, connects) = (
+            (0..SHARDS).map(|s| st.refused(s)).sum::<u64>(),
+            (0..SHARDS).map(|s| st.connects(s)).sum::<u64>(),
+        );
+        let applied = proxy.applied();
+        proxy.set(fault);
+        // Puts go on until the fault fired (it waits for a frame it can break).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while proxy.applied() == applied {
+            assert!(Instant::now() < deadline, "{fault:?} never applied");
+            acked.extend(produce(&mh, n, 2));
+            n += 2;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let end = caught_up(&mh, &sh);
+        block_on(sh.flush()).unwrap();
+        assert_identical(&mroot, &sroot, &bases(), &end);
+        let connects_now: u64 = (0..SHARDS).map(|s| st.connects(s)).sum();
+        assert!(connects_now > connects, "{fault:?}: the slave reconnected");
+        if fault != Fault::CutMidFrame {
+            let refused_now: u64 = (0..SHARDS).map(|s| st.refused(s)).sum();
+            assert!(
+                refused_now > refused,
+                "{fault:?}: the slave refused the frame"
+            );
+        }
+    }
+    block_on(sh.wait_dispatched()).unwrap();
+    assert_has(&sh, &acked, 5);
+    drop(proxy);
+    slave.shutdown().unwrap();
+    master.shutdown().unwrap();
+    check_clean(&sroot);
+}
+
+#[test]
+fn restarts_and_a_slave_far_behind_catch_up_while_puts_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mroot, sroot) = (dir.path().join("master"), dir.path().join("slave"));
+    let (master, addr) = open(config(&mroot, HaRole::AsyncMaster, None));
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(addr)));
+    let (mh, sh) = (master.handle(), slave.handle());
+    let mut acked = produce(&mh, 0, 30);
+    caught_up(&mh, &sh);
+    // Slave restarted: it reports its end and continues from there.
+    slave.shutdown().unwrap();
+    acked.extend(produce(&mh, 30, 30));
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(addr)));
+    let sh = slave.handle();
+    caught_up(&mh, &sh);
+    // Master restarted on the same HA port: the slave reconnects and follows on.
+    master.shutdown().unwrap();
+    let mut mcfg = config(&mroot, HaRole::AsyncMaster, None);
+    mcfg.store.ha.listen = Some(addr);
+    let (master, _) = open(mcfg);
+    let mh = master.handle();
+    acked.extend(produce(&mh, 60, 10));
+    caught_up(&mh, &sh);
+    // Far behind: the slave is away while the master writes several segments, then
+    // catches up while a producer keeps putting.
+    slave.shutdown().unwrap();
+    acked.extend(produce(&mh, 70, 500));
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(addr)));
+    let sh = slave.handle();
+    let h2 = mh.clone();
+    let producer = std::thread::spawn(move || produce(&h2, 570, 60));
+    acked.extend(producer.join().unwrap());
+    let end = caught_up(&mh, &sh);
+    block_on(sh.flush()).unwrap();
+    assert_identical(&mroot, &sroot, &bases(), &end);
+    block_on(sh.wait_dispatched()).unwrap();
+    assert_has(&sh, &acked, 11);
+    slave.shutdown().unwrap();
+    master.shutdown().unwrap();
+    check_clean(&mroot);
+    check_clean(&sroot);
+}
+
+#[test]
+fn a_slave_past_its_master_refuses_to_follow_until_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mroot, sroot) = (dir.path().join("master"), dir.path().join("slave"));
+    let (master, addr) = open(config(&mroot, HaRole::AsyncMaster, None));
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(addr)));
+    let (mh, sh) = (master.handle(), slave.handle());
+    let acked = produce(&mh, 0, 40);
+    caught_up(&mh, &sh);
+    slave.shutdown().unwrap();
+    master.shutdown().unwrap();
+    // The master loses its tail on one shard (as after a power loss in async flush).
+    let lost_from = acked
+        .iter()
+        .rev()
+        .find(|r| r.log_offset >> SHARD_SHIFT == 1)
+        .map(|r| r.log_offset)
+        .unwrap();
+    let cut = coremq::ha::truncate::truncate(&mroot, lost_from).unwrap();
+    assert!(cut.kept > 0);
+    let mut mcfg = config(&mroot, HaRole::AsyncMaster, None);
+    mcfg.store.ha.listen = Some(addr);
+    let (master, _) = open(mcfg);
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(addr)));
+    let st = status(&slave);
+    wait_for("the slave to refuse", 10, || st.divergence().is_some());
+    let d = st.divergence().unwrap();
+    assert_eq!((d.shard, d.master_end), (1, lost_from));
+    assert!(d.slave_end > d.master_end, "{d:?}");
+    slave.shutdown().unwrap();
+    // The operator cuts the slave back; the cut bytes are kept.
+    let cut = coremq::ha::truncate::truncate(&sroot, d.master_end).unwrap();
+    assert_eq!(cut.kept, d.slave_end - d.master_end);
+    assert!(cut.lost_found.unwrap().exists());
+    let (slave, _) = open(config(&sroot, HaRole::Slave, Some(addr)));
+    let (mh, sh) = (master.handle(), slave.handle());
+    let more = produce(&mh, 40, 10);
+    let end = caught_up(&mh, &sh);
+    block_on(sh.flush()).unwrap();
+    assert_identical(&mroot, &sroot, &bases(), &end);
     block_on(sh.wait_dispatched()).unwrap();
     assert_has(&sh, &more, 1);
     slave.shutdown().unwrap();

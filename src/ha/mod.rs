@@ -276,7 +276,8 @@ fn hand_over(
 ) -> Result<()> {
     let io = |op, e| Error::io(op, format!("HA connection from {peer}"), 0, e);
     let housekeeping = links[0].cfg.housekeeping_interval;
-    s.set_nonblocking(false).map_err(|e| io("set_nonblocking", e))?;
+    s.set_nonblocking(false)
+        .map_err(|e| io("set_nonblocking", e))?;
     s.set_read_timeout(Some(housekeeping))
         .map_err(|e| io("set_read_timeout", e))?;
     let mut first = [0u8; wire::REPORT_LEN];
@@ -295,13 +296,16 @@ fn hand_over(
             links.len()
         )));
     };
-    s.set_nonblocking(true).map_err(|e| io("set_nonblocking", e))?;
-    s.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
+    s.set_nonblocking(true)
+        .map_err(|e| io("set_nonblocking", e))?;
+    s.set_read_timeout(None)
+        .map_err(|e| io("set_read_timeout", e))?;
     let fd = s.into_raw_fd();
     tracing::info!(%peer, shard, report, "slave connected");
     let job = handle.run_on(shard, move |ctx| async move {
         // SAFETY: `fd` is a connected socket handed to this shard alone.
-        let stream = unsafe { <glommio::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let stream =
+            unsafe { <glommio::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         serve_slave(ctx.store, stream, peer, report, link).await
     });
     futures_lite::future::block_on(job)?

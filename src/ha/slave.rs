@@ -60,11 +60,14 @@ pub async fn run_client(store: Store, link: ShardLink) {
             Ended::Stopped => return,
             Ended::Diverged(d) => {
                 tracing::error!(
-                    shard, slave_end = d.slave_end, master_end = d.master_end,
+                    shard,
+                    slave_end = d.slave_end,
+                    master_end = d.master_end,
                     "this slave's commit log runs past its master's end (the master lost \
                      bytes it had sent); refusing to follow. Stop this node and run \
                      `coremq ha truncate --data-dir <dir> --to {}` to cut the slave back \
-                     (the cut bytes are kept in lost+found)", d.master_end
+                     (the cut bytes are kept in lost+found)",
+                    d.master_end
                 );
                 *link.me().diverged.lock().unwrap_or_else(|p| p.into_inner()) = Some(d);
                 return;
@@ -165,7 +168,14 @@ async fn take_frames<R: futures_lite::AsyncRead + Unpin>(
     reported: &Notify,
 ) -> Result<Ended> {
     let cfg = &link.cfg;
-    let log_err = |op, e| Error::io(op, format!("HA connection to {:?}", cfg.master_address), 0, e);
+    let log_err = |op, e| {
+        Error::io(
+            op,
+            format!("HA connection to {:?}", cfg.master_address),
+            0,
+            e,
+        )
+    };
     let max_cut = store.config().max_record_bytes() + 8;
     let seg_bytes = store.config().commit_log_segment_bytes;
     // Bytes received past the log's end: the start of a cut record.

@@ -55,7 +55,10 @@ pub fn truncate(data_dir: &Path, to: u64) -> Result<Truncated> {
         .collect();
     segs.sort();
     let Some(&(_, ref first_path)) = segs.first() else {
-        return Err(Error::BadRequest(format!("{} holds no commit log", root.display())));
+        return Err(Error::BadRequest(format!(
+            "{} holds no commit log",
+            root.display()
+        )));
     };
     let seg_bytes = std::fs::metadata(first_path)
         .map_err(|e| Error::io("stat", first_path, 0, e))?
@@ -117,7 +120,10 @@ fn log_end(segs: &[(u64, PathBuf)], seg_bytes: u64) -> Result<u64> {
         let bytes = read_at(path, 0, seg_bytes as usize)?;
         let mut pos = 0usize;
         while pos < bytes.len() {
-            match record::decode(&bytes[pos..], Verify::framing(start + pos as u64, usize::MAX)) {
+            match record::decode(
+                &bytes[pos..],
+                Verify::framing(start + pos as u64, usize::MAX),
+            ) {
                 Ok(Decoded::Record(r)) => pos += r.total_size as usize,
                 Ok(Decoded::Blank(n)) => {
                     pos += n as usize;
@@ -143,10 +149,15 @@ fn check_boundary(segs: &[(u64, PathBuf)], seg_start: u64, to: u64) -> Result<()
     let bytes = read_at(path, 0, (to - seg_start) as usize)?;
     let mut pos = 0usize;
     while (pos as u64) < to - seg_start {
-        match record::decode(&bytes[pos..], Verify::checksums(seg_start + pos as u64, usize::MAX, false)) {
+        match record::decode(
+            &bytes[pos..],
+            Verify::checksums(seg_start + pos as u64, usize::MAX, false),
+        ) {
             Ok(Decoded::Record(r)) => pos += r.total_size as usize,
             other => {
-                let kind = other.err().unwrap_or(Corruption::BadMagic(record::BLANK_MAGIC));
+                let kind = other
+                    .err()
+                    .unwrap_or(Corruption::BadMagic(record::BLANK_MAGIC));
                 return Err(Error::Corrupt {
                     path: path.clone(),
                     offset: pos as u64,
@@ -194,7 +205,8 @@ fn zero_from(path: &Path, at: u64, seg_bytes: u64) -> Result<()> {
             .map_err(|e| Error::io("write zeros", path, pos, e))?;
         pos += n as u64;
     }
-    f.sync_data().map_err(|e| Error::io("fdatasync", path, at, e))
+    f.sync_data()
+        .map_err(|e| Error::io("fdatasync", path, at, e))
 }
 
 /// The checkpoint may not vouch for bytes past the cut.
