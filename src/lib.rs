@@ -7,7 +7,8 @@
 //! and recovery. Files are laid out exactly as a RocketMQ store root, with RocketMQ's
 //! byte layouts (see [`format`]).
 //!
-//! See `store` for the durability contract of each flush mode.
+//! See `store` for the durability contract of each flush mode, and [`ha`] for
+//! master/slave replication (RocketMQ's classic HA protocol, per shard).
 //!
 //! Cargo features: `node` (`coremq::node`, the RocketMQ remoting server), `tools`
 //! (`coremq::tools`: inspect, the load generator; implies `node`) and `cli` (the `coremq`

@@ -101,6 +101,18 @@ impl Store {
         if let Some(f) = inner.failed.borrow().clone() {
             return Err(Error::Failed(f));
         }
+        // The puts' bound on dispatch lag holds for replicated bytes too: a catch-up
+        // does not leave the dispatcher reading its records back from disk.
+        let max_lag = inner.cfg.max_dispatch_lag_bytes;
+        let written = inner.log.written();
+        if max_lag > 0 && written.saturating_sub(inner.dispatched.get()) > max_lag {
+            inner.dispatch_wake.notify();
+            if !inner.dispatched.wait_for(written - max_lag / 2).await {
+                return Err(Error::Failed(
+                    inner.failed.borrow().clone().unwrap_or_default(),
+                ));
+            }
+        }
         let done = inner.log.append_replica(bytes).await?;
         if done.consumed > 0 {
             if done.last_store_ts > 0 {
