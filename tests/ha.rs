@@ -223,10 +223,10 @@ fn empty_slave_starts_at_the_masters_last_segment() {
     let sh = slave.handle();
     let acked = produce(&mh, 300, 20);
     let end = caught_up(&mh, &sh);
-    for s in 0..SHARDS {
+    for (s, start) in starts.iter().enumerate() {
         let st = block_on(sh.shard_status(s)).unwrap();
         assert_eq!(
-            st.min_log_offset, starts[s],
+            st.min_log_offset, *start,
             "shard {s} begins at the master's last segment"
         );
     }

@@ -54,7 +54,7 @@ pub fn truncate(data_dir: &Path, to: u64) -> Result<Truncated> {
         })
         .collect();
     segs.sort();
-    let Some(&(_, ref first_path)) = segs.first() else {
+    let Some((_, first_path)) = segs.first() else {
         return Err(Error::BadRequest(format!(
             "{} holds no commit log",
             root.display()
