@@ -229,4 +229,43 @@ fn master_and_slave_nodes_over_the_protocol() {
             String::from_utf8_lossy(&out)
         );
     }
+    // `coremq ha truncate` on the stopped slave: an offset inside a record is refused
+    // (exit 2, nothing changed); a record's start cuts from there, the bytes kept in
+    // lost+found, and the store reopens without that record.
+    let newest = got.iter().max_by_key(|m| m.log_offset).unwrap();
+    let truncate = |to: u64| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_coremq"))
+            .args(["ha", "truncate", "--data-dir"])
+            .arg(&sdir)
+            .args(["--to", &to.to_string()])
+            .output()
+            .unwrap()
+    };
+    let bad = truncate(newest.log_offset + 1);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("inside the record"),
+        "{bad:?}"
+    );
+    let cut = truncate(newest.log_offset);
+    assert!(cut.status.success(), "{cut:?}");
+    let v: serde_json::Value = serde_json::from_slice(&cut.stdout).unwrap();
+    assert!(
+        v["kept_bytes"].as_u64().unwrap() >= newest.size as u64,
+        "{v}"
+    );
+    assert!(Path::new(v["lost_found"].as_str().unwrap()).exists());
+    let mut cfg = ShardedConfig::new(&sdir);
+    cfg.shards = 2;
+    cfg.pin = false;
+    cfg.store = StoreConfig::small_for_tests(&sdir);
+    let reopened = coremq::ShardedStore::open(cfg).unwrap();
+    let h = reopened.handle();
+    use coremq::StoreOps;
+    let gone = futures_lite::future::block_on(h.look_by_offset(newest.log_offset)).unwrap();
+    assert!(gone.is_none(), "the cut record is gone");
+    let (_, max) =
+        futures_lite::future::block_on(h.queue_offsets("HaNode", newest.queue_id)).unwrap();
+    assert_eq!(max, newest.queue_offset, "its queue ends before it");
+    reopened.shutdown().unwrap();
 }

@@ -154,6 +154,8 @@ fn check_boundary(segs: &[(u64, PathBuf)], seg_start: u64, to: u64) -> Result<()
             Verify::checksums(seg_start + pos as u64, usize::MAX, false),
         ) {
             Ok(Decoded::Record(r)) => pos += r.total_size as usize,
+            // The record at `pos` runs past `to`.
+            Err(Corruption::Truncated) => break,
             other => {
                 let kind = other
                     .err()
