@@ -13,7 +13,10 @@
 #        from every queue's first offset (5a: one queue per shard, 5b: 64 queues);
 #   6    random key queries (each asking every shard) over a store with many keys;
 #   7    abnormal recovery: a writer SIGKILLed once its log is flushed, then the open
-#        timed, against fio reading as many bytes.
+#        timed, against fio reading as many bytes;
+#   8    replication (issue 17): 8a a kept store replicated to a new, empty slave over
+#        loopback (catch-up rate against fio write); 8b sync flush with and without a
+#        SYNC_MASTER slave in the same run, 1 and 256 puts outstanding (put p50/p99).
 #
 # Usage: scripts/bench.sh [--quick] [--only LIST] [--dir DIR] [--out DIR]
 #   --quick      about 2 minutes instead of about 10 (shorter runs, smaller stores)
@@ -27,7 +30,7 @@
 set -euo pipefail
 
 quick=0
-only="1,2,3,4,5,6,7"
+only="1,2,3,4,5,6,7,8"
 work=""
 out="."
 while [ $# -gt 0 ]; do
@@ -50,13 +53,14 @@ detail="$out/bench-results"
 mkdir -p "$detail"
 
 # s5_msgs x 4 KiB: the catch-up log (the write pools hold 2 x 64 MiB);
-# s6_keys: messages with one key each; s7_msgs x 1 KiB: the log recovered.
+# s6_keys: messages with one key each; s7_msgs x 1 KiB: the log recovered;
+# s8_msgs x 4 KiB: the log replicated to an empty slave.
 if [ "$quick" = 1 ]; then
     fio_bytes=1G; fio_sync_secs=2; secs=3
-    s5_msgs=120000; s6_keys=200000; s6_queries=20000; s7_msgs=300000; limit=180
+    s5_msgs=120000; s6_keys=200000; s6_queries=20000; s7_msgs=300000; s8_msgs=120000; limit=180
 else
     fio_bytes=8G; fio_sync_secs=10; secs=15
-    s5_msgs=600000; s6_keys=10000000; s6_queries=100000; s7_msgs=2500000; limit=1200
+    s5_msgs=600000; s6_keys=10000000; s6_queries=100000; s7_msgs=2500000; s8_msgs=600000; limit=1200
 fi
 # want N: scenario N is in --only.
 want() { [[ ",$only," == *",$1,"* ]]; }
@@ -244,6 +248,25 @@ if want 7; then
     rm -rf "${work:?}/s7-store"
 else skip s7-write s7-recovery; fi
 
+# Replication (8): 8a, a store of s8_msgs x 4 KiB written and shut down, then opened
+# as a master and replicated whole to a new slave (another store in the same process,
+# over loopback); 8b, sync flush at 1 and 256 puts outstanding, alone and as a
+# SYNC_MASTER whose puts also wait for a slave's acknowledgement, in this run.
+if want 8; then
+    bench_run s8-write "replication log: $s8_msgs x 4 KiB" "$work/s8-store" \
+        --messages "$s8_msgs" --body 4096 --queues 64
+    bench_run s8-replicate "catch-up replication to an empty slave" "$work/s8-store" \
+        --mode replicate
+    rm -rf "${work:?}/s8-store" "${work:?}/s8-store-slave"
+    for n in 1 256; do
+        run "s8-sync-$n" "sync flush, 1 KiB, $n outstanding" \
+            --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding "$n"
+        run "s8-sync-master-$n" "sync flush + SYNC_MASTER slave, 1 KiB, $n outstanding" \
+            --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding "$n" --slave
+        rm -rf "${work:?}/s8-sync-master-$n-slave"
+    done
+else skip s8-write s8-replicate s8-sync-1 s8-sync-master-1 s8-sync-256 s8-sync-master-256; fi
+
 # ---------------------------------------------------------------------------------
 # report
 
@@ -347,6 +370,21 @@ s7_result() {
         "fio reads as much in $(fmt "$(s7_fio_secs)" 2) s; peak RSS $(fmt "$(j s7-recovery '.peak_rss_bytes / 1048576')") MiB"
 }
 s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
+s8a_result() {
+    echo "$(fmt "$(j s8-replicate .log_mb_per_sec)" 1) MB/s of log" \
+        "($(fmt "$(j s8-replicate '.log_bytes / 1e6')") MB in $(fmt "$(j s8-replicate .seconds)" 2) s)"
+}
+s8a_ratio() { ratio "$(j s8-replicate .log_mb_per_sec)" "$write_mb"; }
+s8_lat() { echo "p50 $(fmt "$(j "$1" .put_latency_us.p50)" 1) µs, p99 $(fmt "$(j "$1" .put_latency_us.p99)" 1) µs"; }
+s8b_result() {
+    echo "1 outstanding: $(s8_lat s8-sync-master-1) (alone $(s8_lat s8-sync-1));" \
+        "256: $(s8_lat s8-sync-master-256), $(fmt "$(j s8-sync-master-256 .messages_per_sec)") msg/s" \
+        "(alone $(s8_lat s8-sync-256), $(fmt "$(j s8-sync-256 .messages_per_sec)") msg/s)"
+}
+s8b_ratio() {
+    echo "$(ratio "$(j s8-sync-master-1 .put_latency_us.p50)" "$(j s8-sync-1 '[.put_latency_us.p50, 0.001] | max')") (p50, 1)," \
+        "$(ratio "$(j s8-sync-master-256 .put_latency_us.p99)" "$(j s8-sync-256 '[.put_latency_us.p99, 0.001] | max')") (p99, 256)"
+}
 
 {
     echo "# coremq benchmark results"
@@ -378,6 +416,10 @@ s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
         s6_result s6_ratio
     scenario s7-recovery "7. abnormal recovery after SIGKILL, $(fmt "$s7_msgs") x 1 KiB" \
         "fio seq read $(fmt "$read_mb" 1) MB/s" s7_result s7_ratio
+    scenario s8-replicate "8a. catch-up replication, $(fmt "$s8_msgs") x 4 KiB, empty slave" \
+        "fio seq write $(fmt "$write_mb" 1) MB/s" s8a_result s8a_ratio
+    scenario s8-sync-master-256 "8b. sync flush + SYNC_MASTER slave, 1 KiB" \
+        "sync flush alone, same run" s8b_result s8b_ratio
     echo
     echo "MB = 10^6 bytes. MB/s counts message bodies (\"log\": CommitLog bytes with record headers and properties)."
     echo "Latencies are from the send time (the intended one under a target rate) and come from HDR histograms;"
@@ -385,6 +427,8 @@ s7_ratio() { ratio "$(j s7-recovery .open_seconds)" "$(s7_fio_secs)"; }
     echo "Catch-up MB/s counts bodies read; reads are O_DIRECT (no page cache involved), so only each shard's"
     echo "write pool (16 x 4 MiB) can serve them from memory. Recovery: the time to open every shard's store"
     echo "(in parallel) after a SIGKILL, against the time fio takes to read as many bytes as the log holds."
+    echo "Replication: 8a counts CommitLog bytes from the slave's open to its last shard reaching the master's"
+    echo "end (both stores in one process, loopback); 8b's slave acknowledges what it appended to its write buffer."
     echo "Per-scenario JSON, SVG latency curves and logs: $(basename "$detail")/."
 } >"$out/bench-results.md"
 
@@ -404,6 +448,9 @@ jq -n \
     --slurpfile s5bw "$detail/s5b-write.json" --slurpfile s5b "$detail/s5b-catch-up.json" \
     --slurpfile s6w "$detail/s6-write.json" --slurpfile s6 "$detail/s6-key-queries.json" \
     --slurpfile s7w "$detail/s7-write.json" --slurpfile s7 "$detail/s7-recovery.json" \
+    --slurpfile s8w "$detail/s8-write.json" --slurpfile s8 "$detail/s8-replicate.json" \
+    --slurpfile s8s1 "$detail/s8-sync-1.json" --slurpfile s8m1 "$detail/s8-sync-master-1.json" \
+    --slurpfile s8s256 "$detail/s8-sync-256.json" --slurpfile s8m256 "$detail/s8-sync-master-256.json" \
     '{
         machine: $machine, date: $date, quick: ($quick == 1),
         fio: {
@@ -435,7 +482,13 @@ jq -n \
             "7_recovery": ($s7[0] + {write: $s7w[0],
                 fio_read_seconds: (($s7[0].log_bytes // 0) / $read_bw),
                 ratio_to_fio_read: (if ($s7[0].log_bytes // 0) > 0
-                    then ($s7[0].open_seconds / ($s7[0].log_bytes / $read_bw)) else null end)})
+                    then ($s7[0].open_seconds / ($s7[0].log_bytes / $read_bw)) else null end)}),
+            "8a_catch_up_replication": ($s8[0] + {write: $s8w[0],
+                ratio_to_fio_write: (($s8[0].log_mb_per_sec // 0) * 1e6 / $write_bw)}),
+            "8b_sync_master": {
+                sync_1: $s8s1[0], sync_master_1: $s8m1[0],
+                sync_256: $s8s256[0], sync_master_256: $s8m256[0]
+            }
         }
     }' >"$out/bench-results.json"
 

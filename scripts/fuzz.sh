@@ -19,6 +19,8 @@
 #   index_file     IndexHeader/IndexEntry decode, slot links via Geometry, file
 #                  names; re-encodes to the input, positions never overflow
 #   msg_id         MessageId::parse (hex) and from_bytes (raw); round trips
+#   ha             format::ha frame headers (any body limit) and slave reports;
+#                  whatever decodes re-encodes to the input, sizes stay in bounds
 #   manifest       QueueManifest::decode (raw and with a valid CRC appended);
 #                  whatever decodes re-encodes to exactly the input
 #   remoting_frame node::remoting::decode_frame; a decoded command re-encodes to a
@@ -58,7 +60,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz_dir="$root/scripts/fuzz"
-all_targets=(record properties consume_queue checkpoint index_file msg_id manifest remoting_frame processors)
+all_targets=(record properties consume_queue checkpoint index_file msg_id manifest remoting_frame processors ha)
 
 seconds=60
 targets=()

@@ -6,7 +6,7 @@
 //! locked memory), coremq uses a pool of small aligned windows (64 MiB by default).
 
 use crate::error::{Error, Result};
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -150,6 +150,114 @@ pub struct StoreConfig {
     /// pool's size (`write_buffer_bytes * write_buffer_count`) in sync mode, 0 (off) in
     /// async mode, where whole-window writes and 500 ms flushes amortise allocation.
     pub commit_log_prewrite_bytes: Option<u64>,
+    /// Replication: this store's role and the HA protocol's limits (see `crate::ha`).
+    pub ha: HaConfig,
+}
+
+/// A store's part in replication (RocketMQ's `brokerRole`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HaRole {
+    /// Puts never wait for a slave (RocketMQ's default).
+    AsyncMaster,
+    /// A put returns `PutOk` only once an in-sync slave acknowledged it
+    /// (`FlushSlaveTimeout` after `HaConfig::sync_timeout`, `SlaveNotAvailable` at
+    /// once when no slave is in sync).
+    SyncMaster,
+    /// Refuses puts (`PutStatus::SlaveMode`); its log grows only by replication.
+    Slave,
+}
+
+/// Where a master starts an empty slave (one that reports exactly its shard's base).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmptySlaveStart {
+    /// At the start of the master's last segment, as RocketMQ does: a new slave does
+    /// not copy history it may never serve.
+    LastSegment,
+    /// At the master's first byte: a whole copy.
+    FirstSegment,
+}
+
+/// Replication settings (RocketMQ's `haListenPort`, `haMasterAddress`, `slaveTimeout`,
+/// `haMaxGapNotInSync`, `haSendHeartbeatInterval`, `haHousekeepingInterval`,
+/// `haTransferBatchSize`). The listener and the slave's client are started by
+/// `ShardedStore::open` (see `crate::ha`).
+#[derive(Debug, Clone)]
+pub struct HaConfig {
+    pub role: HaRole,
+    /// The HA port slaves connect to (RocketMQ: 10912); `None`: no listener (the
+    /// library's default; the node's is 127.0.0.1:10912).
+    pub listen: Option<SocketAddr>,
+    /// A slave's master HA address; `None`: a slave that follows nobody (yet).
+    pub master_address: Option<SocketAddr>,
+    /// SYNC_MASTER: a put not acknowledged by a slave within this gets
+    /// `FlushSlaveTimeout` (RocketMQ 4.9.8 and 5.x `slaveTimeout`: 3 s).
+    pub sync_timeout: Duration,
+    /// SYNC_MASTER: a slave more than this many bytes behind is not in sync, and puts
+    /// get `SlaveNotAvailable` at once (RocketMQ `haMaxGapNotInSync`: 256 MiB).
+    pub max_gap_not_in_sync: u64,
+    /// Largest frame body a master sends and a slave accepts (RocketMQ: 32 KiB; see
+    /// `crate::ha` for why 1 MiB here).
+    pub max_frame_bytes: usize,
+    /// A slave reports, and a master sends an empty frame, after this much silence
+    /// (RocketMQ `haSendHeartbeatInterval`: 5 s).
+    pub heartbeat_interval: Duration,
+    /// A connection that read nothing for this long is closed, on either side
+    /// (RocketMQ `haHousekeepingInterval`: 20 s).
+    pub housekeeping_interval: Duration,
+    /// A slave waits this long before connecting again (RocketMQ: 5 s).
+    pub reconnect_interval: Duration,
+    pub empty_slave_start: EmptySlaveStart,
+}
+
+impl Default for HaConfig {
+    fn default() -> Self {
+        HaConfig {
+            role: HaRole::AsyncMaster,
+            listen: None,
+            master_address: None,
+            sync_timeout: Duration::from_secs(3),
+            max_gap_not_in_sync: 256 << 20,
+            max_frame_bytes: 1 << 20,
+            heartbeat_interval: Duration::from_secs(5),
+            housekeeping_interval: Duration::from_secs(20),
+            reconnect_interval: Duration::from_secs(5),
+            empty_slave_start: EmptySlaveStart::LastSegment,
+        }
+    }
+}
+
+impl HaConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(Error::Config(why));
+        if !(4096..=64 << 20).contains(&self.max_frame_bytes) {
+            return bad(format!(
+                "ha max_frame_bytes {} must be within 4096..=67108864",
+                self.max_frame_bytes
+            ));
+        }
+        let zero = Duration::ZERO;
+        if [
+            self.sync_timeout,
+            self.heartbeat_interval,
+            self.housekeeping_interval,
+            self.reconnect_interval,
+        ]
+        .contains(&zero)
+        {
+            return bad("ha timeouts and intervals must be positive".into());
+        }
+        if self.housekeeping_interval <= self.heartbeat_interval {
+            return bad(format!(
+                "ha housekeeping_interval {:?} must exceed heartbeat_interval {:?}, or idle \
+                 connections are closed between heartbeats",
+                self.housekeeping_interval, self.heartbeat_interval
+            ));
+        }
+        if self.role != HaRole::Slave && self.master_address.is_some() {
+            return bad("ha master_address is only for a slave (role = slave)".into());
+        }
+        Ok(())
+    }
 }
 
 /// How the writer makes a sync-flush round durable (measurements in the module docs
@@ -216,6 +324,7 @@ impl StoreConfig {
             read_cache_readahead_blocks: 16,
             sync_flush_io: SyncFlushIo::DsyncWrite,
             commit_log_prewrite_bytes: None,
+            ha: HaConfig::default(),
         }
     }
 
@@ -362,6 +471,6 @@ impl StoreConfig {
         {
             return bad("query_default_max and query_max must be positive, default <= max".into());
         }
-        Ok(())
+        self.ha.validate()
     }
 }

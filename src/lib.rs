@@ -7,7 +7,8 @@
 //! and recovery. Files are laid out exactly as a RocketMQ store root, with RocketMQ's
 //! byte layouts (see [`format`]).
 //!
-//! See `store` for the durability contract of each flush mode.
+//! See `store` for the durability contract of each flush mode, and [`ha`] for
+//! master/slave replication (RocketMQ's classic HA protocol, per shard).
 //!
 //! Cargo features: `node` (`coremq::node`, the RocketMQ remoting server), `tools`
 //! (`coremq::tools`: inspect, the load generator; implies `node`) and `cli` (the `coremq`
@@ -19,6 +20,7 @@ pub mod config;
 pub mod consume_queue;
 pub mod error;
 pub mod format;
+pub mod ha;
 pub mod index;
 pub mod io;
 pub mod message;
@@ -30,7 +32,7 @@ pub mod store;
 pub mod tools;
 mod wake;
 
-pub use config::{FlushMode, StoreConfig, SyncFlushIo};
+pub use config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, StoreConfig, SyncFlushIo};
 pub use error::{Error, Result};
 pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,

@@ -8,6 +8,8 @@
 //! * `coremq serve`: a node speaking RocketMQ's remoting protocol (see `coremq::node`);
 //!   defaults, then `--config coremq.toml`, then the address flags; SIGINT/SIGTERM
 //!   shut it down cleanly.
+//! * `coremq ha truncate --data-dir DIR --to OFFSET`: cut a slave that ran past its
+//!   master back to the master's end (`coremq::ha::truncate`).
 //! * `coremq bench`: the load generator (`coremq::tools::loadgen`) on a sharded store:
 //!   producers on the shards or on threads through the handle (`--via`), optional
 //!   tailing consumers, and modes for a kept store (catch-up, key queries, recovery);
@@ -58,6 +60,25 @@ enum Cmd {
     /// Serve RocketMQ's remoting protocol (broker and name-server ports) over a
     /// store in a data directory, until SIGINT or SIGTERM.
     Serve(ServeArgs),
+    /// Replication maintenance on a stopped store.
+    Ha {
+        #[command(subcommand)]
+        what: HaCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum HaCmd {
+    /// Cut a slave whose log runs past its master's back to the master's end (the
+    /// offset the slave's error names); the cut bytes go to lost+found/. The store must
+    /// be stopped.
+    Truncate {
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The commit-log offset to cut at (a record boundary).
+        #[arg(long)]
+        to: u64,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -77,6 +98,15 @@ struct ServeArgs {
     /// Prometheus metrics address [default: 127.0.0.1:9100].
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Replication role: async_master (or master), sync_master, slave [default: async_master].
+    #[arg(long)]
+    role: Option<String>,
+    /// HA port slaves connect to [default: the broker address, port + 1: 127.0.0.1:10912].
+    #[arg(long)]
+    ha_listen: Option<std::net::SocketAddr>,
+    /// A slave's master HA address.
+    #[arg(long)]
+    ha_master: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand)]
@@ -157,6 +187,24 @@ fn main() -> ExitCode {
         Cmd::Inspect { what } => inspect_cmd(what),
         Cmd::Run(args) => run_cmd(args),
         Cmd::Bench(cfg) => bench_cmd(&cfg),
+        Cmd::Ha {
+            what: HaCmd::Truncate { data_dir, to },
+        } => match coremq::ha::truncate::truncate(&data_dir, to) {
+            Ok(t) => {
+                println!(
+                    "{}",
+                    json!({
+                        "root": t.root.display().to_string(),
+                        "truncated_to": to,
+                        "old_end": t.old_end,
+                        "kept_bytes": t.kept,
+                        "lost_found": t.lost_found.map(|p| p.display().to_string()),
+                    })
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
     }
 }
 
@@ -251,6 +299,15 @@ fn serve_config(args: &ServeArgs) -> coremq::Result<coremq::node::NodeConfig> {
     }
     if let Some(a) = args.metrics_listen {
         cfg.metrics_listen = a;
+    }
+    if let Some(r) = &args.role {
+        cfg.role = r.clone();
+    }
+    if let Some(a) = args.ha_listen {
+        cfg.ha_listen = Some(a);
+    }
+    if let Some(a) = args.ha_master {
+        cfg.ha_master_address = Some(a);
     }
     cfg.validate()?;
     Ok(cfg)

@@ -106,12 +106,28 @@ pub enum PutStatus {
     /// another broker, duplicates nothing. The node answers `SYSTEM_BUSY`, as
     /// RocketMQ does (RocketMQ 5's Java client retries it).
     OsPageCacheBusy,
+    /// SYNC_MASTER: stored, but no slave acknowledged it within `ha.sync_timeout`
+    /// (RocketMQ `FLUSH_SLAVE_TIMEOUT`).
+    FlushSlaveTimeout,
+    /// SYNC_MASTER: stored, but no slave is connected or the slave is more than
+    /// `ha.max_gap_not_in_sync` behind, so nothing was waited for (RocketMQ 4.x
+    /// `SLAVE_NOT_AVAILABLE`, returned at once after storing the message locally).
+    SlaveNotAvailable,
+    /// This store is a slave: it takes no puts (RocketMQ `SERVICE_NOT_AVAILABLE`,
+    /// "slave mode"). Nothing was stored.
+    SlaveMode,
 }
 
 impl PutStatus {
     /// Whether the message was stored (RocketMQ's "OK-ish" statuses).
     pub fn is_stored(&self) -> bool {
-        matches!(self, PutStatus::PutOk | PutStatus::FlushDiskTimeout)
+        matches!(
+            self,
+            PutStatus::PutOk
+                | PutStatus::FlushDiskTimeout
+                | PutStatus::FlushSlaveTimeout
+                | PutStatus::SlaveNotAvailable
+        )
     }
 }
 

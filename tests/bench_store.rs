@@ -81,3 +81,36 @@ fn kept_bench_store_opens_sharded_and_checks_clean() {
     assert!(clean, "inspect check: {lines}");
     assert_eq!(lines.lines().count(), SHARDS);
 }
+
+/// Scenario 8 tiny, so it cannot rot: a produce run as a SYNC_MASTER with a slave
+/// (every put acknowledged by it), then the kept store replicated to a new slave.
+#[test]
+fn tiny_replication_bench_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let mut cfg = loadgen::LoadConfig {
+        label: "bench_store slave".into(),
+        data_dir: Some(store_dir.clone()),
+        shards: Some(SHARDS as u32),
+        queues: QUEUES as u32,
+        messages: Some(PER_RUN),
+        outstanding: 8,
+        slave: true,
+        quiet: true,
+        ..loadgen::LoadConfig::default()
+    };
+    let report = loadgen::run(&cfg).expect("bench with a slave runs");
+    assert!(report.ok(), "{}", report.summary());
+    assert_eq!(report.messages, PER_RUN);
+    cfg.slave = false;
+    cfg.mode = loadgen::Mode::Replicate;
+    cfg.json = Some(dir.path().join("replicate.json"));
+    assert!(loadgen::run_mode(&cfg).expect("replicate mode runs"));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("replicate.json")).unwrap()).unwrap();
+    assert!(v["log_bytes"].as_u64().unwrap() > PER_RUN * 1024, "{v}");
+    assert!(
+        !dir.path().join("store-slave").exists(),
+        "the slave's directory is removed"
+    );
+}

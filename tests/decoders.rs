@@ -17,6 +17,7 @@
 use coremq::StoredMessage;
 use coremq::format::checkpoint::{CHECKPOINT_LEN, COREMQ_AT, COREMQ_MAGIC, Checkpoint};
 use coremq::format::consume_queue::{self, CqEntry};
+use coremq::format::ha;
 use coremq::format::index_file::{self, Geometry, IndexEntry, IndexHeader};
 use coremq::format::manifest::{self, QueueManifest};
 use coremq::format::msg_id::{MSG_ID_LEN, MessageId};
@@ -1151,5 +1152,40 @@ proptest! {
             prop_assert_eq!(offset_name(v), name);
         }
         prop_assert_eq!(parse_offset_name(&offset_name(n)), Some(n));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HA protocol: slave reports and master frame headers (`format::ha`)
+// ---------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn ha_random_bytes_never_panic(buf in bytes(64), max_body in 0usize..(1 << 21)) {
+        match ha::FrameHeader::decode(&buf, max_body) {
+            Ok(h) => {
+                prop_assert!(buf.len() >= ha::FRAME_HEADER_LEN);
+                prop_assert!(h.size as usize <= max_body);
+                prop_assert!(h.end() <= i64::MAX as u64);
+                prop_assert_eq!(&h.encode()[..], &buf[..ha::FRAME_HEADER_LEN]);
+            }
+            Err(e) => prop_assert!(matches!(e, Corruption::Truncated | Corruption::BadLength(_))),
+        }
+        match ha::decode_report(&buf) {
+            Ok(v) => prop_assert_eq!(&ha::encode_report(v)[..], &buf[..ha::REPORT_LEN]),
+            Err(e) => prop_assert!(buf.len() < ha::REPORT_LEN || matches!(e, Corruption::BadLength(_))),
+        }
+        let (last, used) = ha::last_report(&buf);
+        prop_assert_eq!(used, buf.len() / 8 * 8);
+        prop_assert_eq!(last.is_some(), used > 0);
+    }
+
+    #[test]
+    fn ha_round_trip(offset in 0u64..(i64::MAX as u64 / 2), size in 0u32..(1 << 20)) {
+        let h = ha::FrameHeader { offset, size };
+        prop_assert_eq!(ha::FrameHeader::decode(&h.encode(), 1 << 20), Ok(h));
+        prop_assert_eq!(ha::decode_report(&ha::encode_report(offset)), Ok(offset));
     }
 }

@@ -45,6 +45,13 @@ impl CommitLog {
         let threaded = self.cfg.flush_mode == FlushMode::Sync
             && self.cfg.sync_flush_io == SyncFlushIo::DsyncWrite
             && matches!(self.cfg.disk, io::Disk::Real);
+        if threaded {
+            // An empty log starts its group-commit thread at its first byte: until
+            // then a slave may still move where the log begins (`restart_empty_at`).
+            while self.written.get() == self.min_offset.get() && !self.stopping.get() {
+                self.writer_wake.wait().await;
+            }
+        }
         let result = if threaded {
             self.run_group_commit().await
         } else {
@@ -72,6 +79,7 @@ impl CommitLog {
         loop {
             let stopping = self.stopping.get();
             let flush_now = self.flush_now.replace(false);
+            let commit_now = self.commit_now.replace(false);
             let sync = cfg.flush_mode == FlushMode::Sync;
             let now = Instant::now();
             // Sealed buffers are committed at once; the open buffer's partial
@@ -80,6 +88,7 @@ impl CommitLog {
             let partial = sync
                 || stopping
                 || flush_now
+                || commit_now
                 || flush_time
                 || now - last_commit >= cfg.commit_interval;
             if sync && cfg.sync_flush_io == SyncFlushIo::DsyncWrite {

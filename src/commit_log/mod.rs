@@ -48,6 +48,7 @@
 //! | `reader.rs` | `getData`, `selectMappedBuffer` | reads: buffers, files, read-ahead |
 //! | `read_cache.rs` | (the OS page cache) | cached blocks for catch-up reads |
 //! | `recovery/` | `recoverNormally`, `recoverAbnormally` | the scan and its decision table |
+//! | `replica.rs` | `appendToCommitLog`, `getData` for HA | replicated bytes in, committed bytes out |
 //!
 //! Measurements behind these designs: `docs/performance/commit_log.md`.
 
@@ -59,11 +60,13 @@ pub mod read_cache;
 mod read_plan;
 mod reader;
 mod recovery;
+mod replica;
 mod segments;
 mod transient_store_pool;
 
 pub use reader::{LogReader, READ_AHEAD_BYTES, READ_AHEAD_DEPTH};
 pub use recovery::{RecordSink, RecoverPlan, ScanReport};
+pub use replica::ReplicaAppend;
 
 use crate::commit_log::group_commit::GroupCommit;
 use crate::commit_log::transient_store_pool::WriteBufferPool;
@@ -99,6 +102,9 @@ pub struct CommitLog {
     failed: RefCell<Option<String>>,
     stopping: Cell<bool>,
     flush_now: Cell<bool>,
+    /// Commit the open buffer now, without a flush (a SYNC_MASTER put waits for its
+    /// bytes to reach a slave, and a master sends only committed bytes).
+    commit_now: Cell<bool>,
     /// Records at or after this offset must carry the record-CRC property.
     crc_required_from: Cell<u64>,
     /// Buffers of finished writer-task sync rounds, reused by the next ones.
@@ -162,6 +168,7 @@ impl CommitLog {
             failed: RefCell::new(None),
             stopping: Cell::new(false),
             flush_now: Cell::new(false),
+            commit_now: Cell::new(false),
             crc_required_from: Cell::new(crc_required_from),
             round_bufs: RefCell::new(Vec::new()),
             group_commit: RefCell::new(None),
@@ -241,6 +248,13 @@ impl CommitLog {
     pub fn request_flush(&self) {
         self.flush_now.set(true);
         self.writer_wake.notify();
+    }
+
+    /// Asks the writer to commit everything written now (no fdatasync).
+    pub fn request_commit(&self) {
+        if !self.commit_now.replace(true) {
+            self.writer_wake.notify();
+        }
     }
 
     /// Asks the writer to write and flush everything and then exit.

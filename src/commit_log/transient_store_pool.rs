@@ -124,6 +124,24 @@ impl WriteBufferPool {
         self.window_mut(0, prefix.len()).copy_from_slice(prefix);
     }
 
+    /// Moves an empty pool's open buffer to the window holding `start` (a window's
+    /// first byte): the log, still empty, now begins there.
+    pub(super) fn restart_at(&mut self, start: u64) {
+        debug_assert_eq!(start % self.buf_bytes, 0);
+        while let Some(b) = self.resident.pop_front() {
+            match b {
+                WriteBuffer::Open(b) => self.free.push(b),
+                WriteBuffer::Sealed(rc) => {
+                    let b = Rc::try_unwrap(rc)
+                        .unwrap_or_else(|_| unreachable!("an empty log has no write in flight"));
+                    self.free.push(b);
+                }
+            }
+        }
+        self.first = start / self.buf_bytes;
+        self.push_new();
+    }
+
     /// Window index one past the newest resident buffer.
     pub(super) fn end_idx(&self) -> u64 {
         self.first + self.resident.len() as u64
@@ -219,6 +237,31 @@ impl CommitLog {
     /// before appending. `Ok(false)`: the deadline passed first (nothing reserved: the
     /// disk is too slow or stalled; the waits end by the store's deadline ticker).
     pub async fn reserve(&self, len: u64, deadline: &Deadline) -> Result<bool> {
+        self.reserve_with(|log| log.placement(len).start + len, deadline)
+            .await
+    }
+
+    /// [`CommitLog::reserve`] for bytes that go exactly at `written` (replicated
+    /// bytes, placed by their master): room up to `written + len`, waiting as long as
+    /// it takes (the replica's applier has nobody to answer by a deadline).
+    pub async fn reserve_at_written(&self, len: u64) -> Result<()> {
+        loop {
+            let deadline = Deadline::lazy(self.cfg.sync_flush_timeout);
+            if self
+                .reserve_with(|log| log.written.get() + len, &deadline)
+                .await?
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Makes room up to the end `end_of` computes (again after every wait).
+    async fn reserve_with(
+        &self,
+        end_of: impl Fn(&CommitLog) -> u64,
+        deadline: &Deadline,
+    ) -> Result<bool> {
         loop {
             if let Some(f) = self.failure() {
                 return Err(Error::Failed(f));
@@ -226,7 +269,7 @@ impl CommitLog {
             if self.stopping.get() {
                 return Err(Error::ShutDown);
             }
-            let end = self.placement(len).start + len;
+            let end = end_of(self);
             if self.try_make_room(end) {
                 return Ok(true);
             }

@@ -4,7 +4,7 @@
 //! at the repository root for a documented example. Unknown keys are refused, so a
 //! typo cannot pass silently; [`NodeConfig::validate`] runs before anything is bound.
 
-use crate::config::FlushMode;
+use crate::config::{EmptySlaveStart, FlushMode, HaConfig, HaRole};
 use crate::error::{Error, Result};
 use crate::shard::ShardedConfig;
 use serde::Deserialize;
@@ -82,6 +82,38 @@ pub struct NodeConfig {
     /// Tests only, off by default: answer the fault-injection request codes
     /// (`codes::TEST_PANIC_IN_HANDLER`, `TEST_PANIC_IN_STORE`) by panicking on purpose.
     pub test_hooks: bool,
+    /// Replication role (RocketMQ `brokerRole`): "async_master" (or "master", the
+    /// default), "sync_master", "slave"; RocketMQ's upper-case names too.
+    pub role: String,
+    /// The HA port slaves connect to (RocketMQ `haListenPort`); absent: the broker
+    /// address with its port plus one (10912 by default, as RocketMQ 5 derives it), or
+    /// a free port when the broker port is 0.
+    pub ha_listen: Option<SocketAddr>,
+    /// Listen on `ha_listen` (a master, or a slave others may follow).
+    pub ha_enable: bool,
+    /// A slave's master HA address (RocketMQ `haMasterAddress`).
+    pub ha_master_address: Option<SocketAddr>,
+    /// A slave's master broker address, for copying its topics and consumer offsets
+    /// every `slave_sync_interval_ms` (default: the HA address's port minus one,
+    /// RocketMQ's convention).
+    pub ha_master_broker_address: Option<SocketAddr>,
+    /// SYNC_MASTER: a put not acknowledged by a slave within this gets
+    /// FLUSH_SLAVE_TIMEOUT (RocketMQ `slaveTimeout`: 3000).
+    pub ha_sync_timeout_ms: u64,
+    /// SYNC_MASTER: a slave this many bytes behind is not in sync: SLAVE_NOT_AVAILABLE.
+    pub ha_max_gap_not_in_sync: u64,
+    /// Largest HA frame body (RocketMQ 32 KiB; 1 MiB here, see `coremq::ha`).
+    pub ha_max_frame_bytes: usize,
+    pub ha_heartbeat_interval_ms: u64,
+    /// An HA connection silent this long is closed (RocketMQ: 20 s).
+    pub ha_housekeeping_interval_ms: u64,
+    pub ha_reconnect_interval_ms: u64,
+    /// Where an empty slave starts: "last" (the master's last segment, RocketMQ) or
+    /// "first" (a whole copy).
+    pub ha_empty_slave_start: String,
+    /// A slave copies its master's topics and consumer offsets this often
+    /// (RocketMQ's `SlaveSynchronize`: 10 s).
+    pub slave_sync_interval_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -115,6 +147,19 @@ impl Default for NodeConfig {
             register_interval_ms: 30_000,
             log_level: "info".into(),
             test_hooks: false,
+            role: "async_master".into(),
+            ha_listen: None,
+            ha_enable: true,
+            ha_master_address: None,
+            ha_master_broker_address: None,
+            ha_sync_timeout_ms: 3000,
+            ha_max_gap_not_in_sync: 256 << 20,
+            ha_max_frame_bytes: 1 << 20,
+            ha_heartbeat_interval_ms: 5000,
+            ha_housekeeping_interval_ms: 20_000,
+            ha_reconnect_interval_ms: 5000,
+            ha_empty_slave_start: "last".into(),
+            slave_sync_interval_ms: 10_000,
         }
     }
 }
@@ -169,7 +214,39 @@ impl NodeConfig {
                 ));
             }
         }
-        Ok(())
+        if self.ha_role().is_none() {
+            return bad(format!(
+                "role must be \"async_master\" (or \"master\"), \"sync_master\" or \"slave\", not {:?}",
+                self.role
+            ));
+        }
+        if !matches!(self.ha_empty_slave_start.as_str(), "last" | "first") {
+            return bad(format!(
+                "ha_empty_slave_start must be \"last\" or \"first\", not {:?}",
+                self.ha_empty_slave_start
+            ));
+        }
+        self.sharded_config().store.ha.validate()
+    }
+
+    /// The replication role `role` names.
+    pub fn ha_role(&self) -> Option<HaRole> {
+        match self.role.to_ascii_lowercase().as_str() {
+            "master" | "async_master" => Some(HaRole::AsyncMaster),
+            "sync_master" => Some(HaRole::SyncMaster),
+            "slave" => Some(HaRole::Slave),
+            _ => None,
+        }
+    }
+
+    /// Where a slave copies topics and consumer offsets from.
+    pub fn master_broker_address(&self) -> Option<SocketAddr> {
+        self.ha_master_broker_address.or_else(|| {
+            self.ha_master_address.map(|mut a| {
+                a.set_port(a.port().saturating_sub(1));
+                a
+            })
+        })
     }
 
     pub fn flush_mode(&self) -> Option<FlushMode> {
@@ -188,7 +265,39 @@ impl NodeConfig {
         }
         s.pin = self.pin;
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
+        s.store.ha = self.ha_config();
         s
+    }
+
+    /// The HA port's address (see `ha_listen`).
+    pub fn ha_listen_addr(&self) -> SocketAddr {
+        self.ha_listen.unwrap_or_else(|| {
+            let mut a = self.listen;
+            if a.port() != 0 {
+                a.set_port(a.port().saturating_add(1));
+            }
+            a
+        })
+    }
+
+    /// The store's replication settings from `role` and the `ha_*` keys.
+    pub fn ha_config(&self) -> HaConfig {
+        let ms = Duration::from_millis;
+        HaConfig {
+            role: self.ha_role().unwrap_or(HaRole::AsyncMaster),
+            listen: self.ha_enable.then(|| self.ha_listen_addr()),
+            master_address: self.ha_master_address,
+            sync_timeout: ms(self.ha_sync_timeout_ms),
+            max_gap_not_in_sync: self.ha_max_gap_not_in_sync,
+            max_frame_bytes: self.ha_max_frame_bytes,
+            heartbeat_interval: ms(self.ha_heartbeat_interval_ms),
+            housekeeping_interval: ms(self.ha_housekeeping_interval_ms),
+            reconnect_interval: ms(self.ha_reconnect_interval_ms),
+            empty_slave_start: match self.ha_empty_slave_start.as_str() {
+                "first" => EmptySlaveStart::FirstSegment,
+                _ => EmptySlaveStart::LastSegment,
+            },
+        }
     }
 
     pub fn idle_timeout(&self) -> Duration {

@@ -50,8 +50,16 @@
 //!   offsets, then shuts the store down (flush, checkpoint, remove `abort`).
 //! * **Joining a cluster**: with `namesrv_addr` set, the node registers with those
 //!   name servers every 30 s (`register.rs`).
-//! * Not yet: replication, transactions, delayed delivery (messages sent back are
-//!   visible in `%RETRY%group` at once), unregistering from name servers at shutdown.
+//! * **Replication** (`role`, `ha_*`; the library's `crate::ha`): the store's HA port
+//!   (10912) serves slaves; a slave node refuses sends (SERVICE_NOT_AVAILABLE, "slave
+//!   mode"), serves pulls, key queries and look-ups from its replica, registers as
+//!   broker id 1 with `haServerAddr`, and copies its master's topics and consumer
+//!   offsets every `slave_sync_interval_ms` (`slave_sync.rs`, codes 21 and 43, which
+//!   every node serves). A master's pull responses suggest the slave (broker id 1)
+//!   when the pulled record lies far behind the log's end (`suggestWhichBrokerId`).
+//! * Not yet: transactions, delayed delivery (messages sent back are visible in
+//!   `%RETRY%group` at once), delay offsets on slaves, unregistering from name servers
+//!   at shutdown.
 //!
 //! Checked against clients nobody here wrote: `scripts/interop.sh` (Apache RocketMQ's
 //! C++ client, PyPI `rocketmq` 0.4.4; run by CI) and `scripts/interop_rust.sh`
@@ -65,6 +73,7 @@ mod processor;
 mod register;
 pub mod remoting;
 mod shard_net;
+mod slave_sync;
 mod state;
 mod thread_net;
 
@@ -86,6 +95,10 @@ pub(crate) struct NodeState {
     pub cfg: NodeConfig,
     pub handle: Handle,
     pub broker_addr: SocketAddrV4,
+    /// The HA address slaves use (advertised host, bound HA port), when listening.
+    pub ha_addr: Option<SocketAddrV4>,
+    /// RocketMQ's broker id: 0 for a master, 1 for a slave.
+    pub broker_id: u64,
     pub topics: Topics,
     pub offsets: Offsets,
     pub clients: Clients,
@@ -156,6 +169,8 @@ pub struct Node {
     pub broker_addr: SocketAddr,
     pub namesrv_addr: Option<SocketAddr>,
     pub metrics_addr: Option<SocketAddr>,
+    /// The HA port bound (useful with port 0), when listening.
+    pub ha_addr: Option<SocketAddr>,
 }
 
 /// `n` listening sockets sharing `addr` (`SO_REUSEPORT`).
@@ -202,15 +217,20 @@ impl Node {
         store_cfg.root = cfg.data_dir.clone();
         store_cfg.store.root = cfg.data_dir.clone();
         store_cfg.store.store_host = advertised;
+        store_cfg.store.ha = cfg.ha_config();
         let config_dir = cfg.data_dir.join("config");
         let topics = Topics::load(&config_dir)?;
         let offsets = Offsets::load(&config_dir)?;
         let store = ShardedStore::open(store_cfg)?;
         let handle = store.handle();
+        let ha_bound = store.ha().and_then(|h| h.listen_addr);
+        let is_slave = cfg.ha_role() == Some(crate::config::HaRole::Slave);
         let state = Arc::new(NodeState {
             metrics: Metrics::new(handle.shards()),
             handle,
             broker_addr: advertised,
+            ha_addr: ha_bound.map(|a| SocketAddrV4::new(*advertised.ip(), a.port())),
+            broker_id: if is_slave { 1 } else { 0 },
             topics,
             offsets,
             clients: Clients::default(),
@@ -235,6 +255,7 @@ impl Node {
             broker_addr,
             namesrv_addr: None,
             metrics_addr: None,
+            ha_addr: ha_bound,
         };
         node.namesrv_addr = namesrv.as_ref().and_then(|l| l[0].local_addr().ok());
         let groups: Vec<Vec<TcpListener>> = std::iter::once(broker).chain(namesrv).collect();
@@ -258,6 +279,12 @@ impl Node {
         if !state.cfg.namesrv_addr.is_empty() {
             let st = state.clone();
             node.spawn("coremq-register", move || register::register_loop(st))?;
+        }
+        if is_slave && let Some(master) = state.cfg.master_broker_address() {
+            let st = state.clone();
+            node.spawn("coremq-slave-sync", move || {
+                slave_sync::sync_loop(st, master)
+            })?;
         }
         tracing::info!(
             broker = %node.broker_addr,

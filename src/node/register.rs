@@ -97,14 +97,17 @@ fn register_on(
     }
     let s = conn.as_mut().expect("connected above");
     let body = register_body(st, version);
-    let ha = std::net::SocketAddrV4::new(*st.broker_addr.ip(), st.broker_addr.port() + 1);
+    // RocketMQ's default when no HA port is bound: the broker port plus one.
+    let ha = st.ha_addr.unwrap_or_else(|| {
+        std::net::SocketAddrV4::new(*st.broker_addr.ip(), st.broker_addr.port() + 1)
+    });
     let f = |k: &str, v: String| (k.to_string(), v);
     let req = RemotingCommand::request(
         REGISTER_BROKER,
         version as i32,
         vec![
             f("brokerAddr", st.broker_addr.to_string()),
-            f("brokerId", "0".into()),
+            f("brokerId", st.broker_id.to_string()),
             f("brokerName", st.cfg.broker_name.clone()),
             f("clusterName", st.cfg.cluster_name.clone()),
             f("haServerAddr", ha.to_string()),

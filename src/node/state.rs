@@ -111,6 +111,20 @@ impl Topics {
             .collect()
     }
 
+    /// Replaces the whole table (a slave copying its master's) and persists it when it
+    /// changed.
+    pub fn replace_all(&self, table: BTreeMap<String, TopicConf>) -> Result<()> {
+        let snapshot = {
+            let mut t = lock(&self.table);
+            if *t == table {
+                return Ok(());
+            }
+            *t = table;
+            self.to_json(&t)
+        };
+        write_json(&self.path, &snapshot)
+    }
+
     fn to_json(&self, t: &BTreeMap<String, TopicConf>) -> Value {
         let table: serde_json::Map<String, Value> = t
             .iter()
@@ -202,6 +216,21 @@ impl Offsets {
             .or_default()
             .insert(queue_id, offset);
         self.dirty.store(true, Ordering::SeqCst);
+    }
+
+    /// Every offset: `topic@group` -> queue -> offset.
+    pub fn snapshot(&self) -> BTreeMap<String, BTreeMap<i32, u64>> {
+        lock(&self.table).clone()
+    }
+
+    /// Replaces the whole table (a slave copying its master's); written at the next
+    /// persist when it changed.
+    pub fn replace_all(&self, table: BTreeMap<String, BTreeMap<i32, u64>>) {
+        let mut t = lock(&self.table);
+        if *t != table {
+            *t = table;
+            self.dirty.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Writes the table when it changed since the last write.

@@ -108,6 +108,8 @@ impl ShardedConfig {
 /// The running sharded store: owns the shard threads and the store-wide lock.
 pub struct ShardedStore {
     handle: Handle,
+    /// Replication (`crate::ha`), when configured: stopped before the shards.
+    ha: Option<crate::ha::HaService>,
     threads: Vec<glommio::ExecutorJoinHandle<()>>,
     _lock: std::fs::File,
     root: PathBuf,
@@ -158,6 +160,7 @@ impl ShardedStore {
         }
         let mut store = ShardedStore {
             handle,
+            ha: None,
             threads,
             _lock: lock,
             root: cfg.root.clone(),
@@ -165,6 +168,15 @@ impl ShardedStore {
         if let Some(e) = first_err {
             let _ = store.stop();
             return Err(e);
+        }
+        // The one call up the module list: the HA service reaches the shards only
+        // through the public handle (`crate::ha`).
+        match crate::ha::HaService::start(&store.handle, &cfg.store.ha) {
+            Ok(ha) => store.ha = ha,
+            Err(e) => {
+                let _ = store.stop();
+                return Err(e);
+            }
         }
         tracing::info!(root = %cfg.root.display(), shards = cfg.shards, "sharded store open");
         Ok(store)
@@ -174,6 +186,11 @@ impl ShardedStore {
         self.handle.clone()
     }
 
+    /// The HA service, when replication is configured (`StoreConfig::ha`).
+    pub fn ha(&self) -> Option<&crate::ha::HaService> {
+        self.ha.as_ref()
+    }
+
     /// Shuts every shard down cleanly (flush, checkpoint, remove `abort`) and joins the
     /// threads. Returns the first failure; every shard is stopped either way.
     pub fn shutdown(mut self) -> Result<()> {
@@ -181,6 +198,9 @@ impl ShardedStore {
     }
 
     fn stop(&mut self) -> Result<()> {
+        if let Some(mut ha) = self.ha.take() {
+            ha.stop();
+        }
         if self.threads.is_empty() {
             return Ok(());
         }

@@ -56,7 +56,10 @@ impl Inner {
             let from = self.dispatched.get();
             let to = self.confirm_offset();
             if from < to {
-                if let Err(e) = self.dispatch_range(from, to, false).await {
+                // A log that begins past its base (a slave started at its master's
+                // last segment) meets queues that begin past 0.
+                let late = self.log.min_offset() > self.cfg.log_base_offset;
+                if let Err(e) = self.dispatch_range(from, to, late).await {
                     tracing::error!(error = %e, "dispatch failed; the shard stops taking writes");
                     *self.failed.borrow_mut() = Some(e.to_string());
                     self.dispatched.close();

@@ -4,7 +4,8 @@
 //! `put.rs` (`putMessage`), `get.rs` (`getMessage` and the look-ups), `dispatch.rs`
 //! (`ReputMessageService`), `checkpoint.rs` (`FlushConsumeQueueService`,
 //! `StoreCheckpoint`), `recovery.rs` (`load`/`recover`: `Store::open`), `space.rs`
-//! (the disk-full watermark), `query.rs` (`queryMessage`). The queues are a
+//! (the disk-full watermark), `query.rs` (`queryMessage`), `group_transfer.rs`
+//! (`GroupTransferService` and the slave's `appendToCommitLog`). The queues are a
 //! `consume_queue::QueueTable`, the log a `commit_log::CommitLog`.
 //!
 //! Tasks, each in its own glommio task queue with shares, so background work cannot
@@ -38,6 +39,7 @@ mod checkpoint;
 mod deadlines;
 mod dispatch;
 mod get;
+mod group_transfer;
 mod put;
 mod query;
 mod recovery;
@@ -96,7 +98,11 @@ struct Inner {
     index: Option<Rc<IndexService>>,
     /// Large committed log blocks shared by reads that miss the windows.
     read_cache: Option<Rc<ReadCache>>,
+    /// Slaves' acknowledgements (SYNC_MASTER waits on them).
+    transfer: group_transfer::GroupTransfer,
 }
+
+pub use group_transfer::SlaveGuard;
 
 /// What `open` found and did, for logs and tests.
 #[derive(Debug, Clone, Default)]
@@ -249,6 +255,14 @@ impl Inner {
             ("dispatch", 500, Box::pin(self.clone().run_dispatcher())),
             ("cq-flush", 100, Box::pin(self.clone().run_queue_flusher())),
         ];
+        let mut tasks: Vec<(&str, usize, Task)> = tasks.into();
+        if self.cfg.ha.role == crate::config::HaRole::SyncMaster {
+            tasks.push((
+                "group-transfer",
+                100,
+                Box::pin(self.clone().run_transfer_expiry()),
+            ));
+        }
         for (name, shares, fut) in tasks {
             let task = glommio::spawn_local_into(fut, tq(name, shares))
                 .map_err(|e| Error::Config(format!("cannot spawn {name}: {e}")))?;

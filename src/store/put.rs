@@ -1,6 +1,8 @@
 //! The put path: RocketMQ's `DefaultMessageStore.putMessage`/`putMessages` and the
 //! `CommitLog.asyncPutMessage` checks (message limits, batches, disk space, dispatch
-//! lag), with store timestamps that never go backwards in log order.
+//! lag), with store timestamps that never go backwards in log order. A slave refuses
+//! every put (`SlaveMode`); a SYNC_MASTER put also waits for a slave
+//! (`group_transfer.rs`).
 //!
 //! Invariants: from the offset assignment to the append nothing awaits, so records
 //! land in queue-offset order; an async put issues no I/O (it waits only for a free
@@ -24,7 +26,7 @@
 //!   a timer per put; an async put reads the clock only if it has to wait.
 
 use super::{Inner, State, Store};
-use crate::config::FlushMode;
+use crate::config::{FlushMode, HaRole};
 use crate::format::msg_id::MessageId;
 use crate::format::properties;
 use crate::format::record::{self, RecordFields};
@@ -121,6 +123,31 @@ impl Store {
         // used up so a tight put loop cannot starve the writer and dispatcher.
         glommio::yield_if_needed().await;
         let wait = msgs[0].property(properties::WAIT) != Some("false");
+        // SYNC_MASTER: the slave's wait runs beside the flush's (RocketMQ's
+        // `handleDiskFlush` and `handleHA`); a replica status wins over the flush's.
+        let replicated = async {
+            if wait && inner.cfg.ha.role == HaRole::SyncMaster {
+                Some(inner.wait_for_slave(end).await)
+            } else {
+                None
+            }
+        };
+        let flushed = async {
+            self.flush_wait(&mut result, end, wait, &deadline).await;
+            result
+        };
+        let (replica, mut result) = futures_lite::future::zip(replicated, flushed).await;
+        if let Some(status) = replica.filter(|s| *s != PutStatus::PutOk)
+            && result.status.is_stored()
+        {
+            result.status = status;
+        }
+        result
+    }
+
+    /// The flush mode's part of a put's acknowledgement.
+    async fn flush_wait(&self, result: &mut PutResult, end: u64, wait: bool, deadline: &Deadline) {
+        let inner = &self.inner;
         match inner.cfg.flush_mode {
             FlushMode::Async => {
                 // The writer wakes itself when a window seals or its interval passes.
@@ -141,7 +168,6 @@ impl Store {
                 }
             }
         }
-        result
     }
 
     /// The rest of [`Store::put_many`], with every message's properties encoded
@@ -166,6 +192,9 @@ impl Store {
         }
         if inner.state.get() != State::Running || inner.failed.borrow().is_some() {
             return Err(PutResult::refused(PutStatus::ServiceNotAvailable));
+        }
+        if inner.cfg.ha.role == HaRole::Slave {
+            return Err(PutResult::refused(PutStatus::SlaveMode));
         }
         if inner.cfg.disk_space_check && !inner.disk_has_room(total) {
             return Err(PutResult::refused(PutStatus::DiskFull));

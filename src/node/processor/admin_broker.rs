@@ -3,6 +3,11 @@
 //! `GET_MAX_OFFSET` (30), `GET_MIN_OFFSET` (31) and `GET_EARLIEST_MSG_STORETIME` (32).
 //!
 //! A topic's read and write queue counts must lie within 1..=`MAX_QUEUE_NUMS` (1024).
+//!
+//! `GET_ALL_TOPIC_CONFIG` (21) and `GET_ALL_CONSUMER_OFFSET` (43) answer with the
+//! whole tables in RocketMQ 4.x's shape, for slaves (`slave_sync.rs`) and admin tools;
+//! the offset table uses fastjson's bare integer queue keys (`{0:5}`), as RocketMQ's
+//! brokers write it.
 
 use super::{
     NodeState, Reject, clip, field, num, ok, opt_num, queue_args, reject, store_error, valid_topic,
@@ -82,4 +87,45 @@ pub(super) async fn earliest_time(
         .await
         .map_err(store_error)?;
     Ok(ok(req).with_field("timestamp", t))
+}
+
+pub(super) fn all_topic_config(st: &NodeState, req: &RemotingCommand) -> RemotingCommand {
+    let table: serde_json::Map<String, serde_json::Value> = st
+        .topics
+        .snapshot()
+        .into_iter()
+        .map(|(name, c)| {
+            let v = serde_json::json!({
+                "topicName": name,
+                "readQueueNums": c.read_queue_nums,
+                "writeQueueNums": c.write_queue_nums,
+                "perm": c.perm,
+                "topicFilterType": "SINGLE_TAG",
+                "topicSysFlag": 0,
+                "order": false,
+            });
+            (name, v)
+        })
+        .collect();
+    let body = serde_json::json!({
+        "topicConfigTable": table,
+        "dataVersion": {"counter": 0, "timestamp": crate::now_ms()},
+    });
+    ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+pub(super) fn all_consumer_offsets(st: &NodeState, req: &RemotingCommand) -> RemotingCommand {
+    let mut out = String::from("{\"offsetTable\":{");
+    for (i, (key, qs)) in st.offsets.snapshot().iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::Value::String(key.clone()).to_string());
+        out.push_str(":{");
+        let qs: Vec<String> = qs.iter().map(|(q, o)| format!("{q}:{o}")).collect();
+        out.push_str(&qs.join(","));
+        out.push('}');
+    }
+    out.push_str("}}");
+    ok(req).with_body(out.into_bytes())
 }

@@ -8,7 +8,7 @@
 //! | send 10, 310, 320; send back 36 | `send_message.rs` | `SendMessageProcessor` |
 //! | pull 11, lite pull 361 (long polling) | `pull_message.rs` | `PullMessageProcessor`, `PullRequestHoldService` |
 //! | query by key 12, view by id 33 | `query_message.rs` | `QueryMessageProcessor` |
-//! | create topic 17, offsets 29-32 | `admin_broker.rs` | `AdminBrokerProcessor` |
+//! | create topic 17, offsets 29-32, all topics 21, all consumer offsets 43 | `admin_broker.rs` | `AdminBrokerProcessor` |
 //! | heartbeat 34, unregister 35 | `client_manage.rs` | `ClientManageProcessor` |
 //! | consumer offsets 14, 15; consumer list 38 | `consumer_manage.rs` | `ConsumerManageProcessor` |
 //! | route 105, cluster info 106 | `namesrv.rs` | the name server's `DefaultRequestProcessor` |
@@ -188,6 +188,8 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         QUERY_MESSAGE => query_message::query_message(st, &req).await,
         VIEW_MESSAGE_BY_ID => query_message::view_message(st, &req).await,
         UPDATE_AND_CREATE_TOPIC => admin_broker::create_topic(st, &req),
+        GET_ALL_TOPIC_CONFIG => Ok(admin_broker::all_topic_config(st, &req)),
+        GET_ALL_CONSUMER_OFFSET => Ok(admin_broker::all_consumer_offsets(st, &req)),
         GET_MAX_OFFSET | GET_MIN_OFFSET => admin_broker::queue_offset(st, &req).await,
         SEARCH_OFFSET_BY_TIMESTAMP => admin_broker::search_offset(st, &req).await,
         GET_EARLIEST_MSG_STORETIME => admin_broker::earliest_time(st, &req).await,
@@ -260,6 +262,10 @@ impl LocalStore {
         max_bytes: usize,
     ) -> crate::Result<crate::GetResult> {
         in_store(self.0.get(topic, queue_id, offset, max, max_bytes)).await
+    }
+
+    pub(crate) fn max_log_offset(&self) -> crate::LogOffset {
+        self.0.max_log_offset()
     }
 
     pub(crate) async fn wait_dispatched(&self) {

@@ -13,7 +13,10 @@ use crate::node::remoting::codes::*;
 use serde_json::{Value, json};
 
 fn broker_addrs(st: &NodeState) -> Value {
-    json!({ "0": st.broker_addr.to_string() })
+    // A slave names itself broker id 1 (RocketMQ's convention for the first slave).
+    let mut m = serde_json::Map::new();
+    m.insert(st.broker_id.to_string(), json!(st.broker_addr.to_string()));
+    Value::Object(m)
 }
 
 pub(super) fn route(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {

@@ -5,6 +5,8 @@
 //!   offset as `PullMessageProcessor` does; a subscription (`tag1 || tag2`) filters
 //!   records by their `TAGS` property on the broker.
 //! * A pull with the commit-offset flag stores the group's offset before it reads.
+//! * `suggestWhichBrokerId`: 1 (the slave) when a master's consumer reads fall far
+//!   behind the log's end (RocketMQ's 40%-of-memory rule, [`suggest_broker`]), else 0.
 //! * Long polling: a pull with the suspend flag that finds nothing is held ([`Hold`])
 //!   until an arrival in its queue, its `suspendTimeoutMillis` (capped by
 //!   `max_suspend_ms`) or shutdown, then answered with what a pull finds then.
@@ -193,9 +195,10 @@ async fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> Remot
             (PULL_OFFSET_MOVED, "the offset is out of the queue's range")
         }
     };
+    let suggest = suggest_broker(st, a, &records).await;
     let mut resp =
         RemotingCommand::response_to(req, code, (!remark.is_empty()).then(|| remark.to_string()))
-            .with_field("suggestWhichBrokerId", 0)
+            .with_field("suggestWhichBrokerId", suggest)
             .with_field("nextBeginOffset", g.next_begin_offset)
             .with_field("minOffset", g.min_offset)
             .with_field("maxOffset", g.max_offset);
@@ -211,6 +214,61 @@ async fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> Remot
         resp.body = body.into();
     }
     resp
+}
+
+/// RocketMQ's `accessMessageInMemoryMaxRatio` (40%): a pull whose last record lies more
+/// than this share of the machine's memory behind the log's end reads from disk.
+const IN_MEMORY_MAX_PERCENT: u64 = 40;
+
+/// The machine's memory in bytes (0 when unknown), read once.
+fn total_memory() -> u64 {
+    static MEM: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MEM.get_or_init(|| {
+        // SAFETY: sysconf only reads system constants.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        (pages.max(0) as u64).saturating_mul(page.max(0) as u64)
+    })
+}
+
+/// `suggestWhichBrokerId`, RocketMQ's rule: a master whose consumer reads fall far
+/// behind (the last record pulled lies more than 40% of memory below the log's end)
+/// suggests its slave (broker id 1, `whichBrokerWhenConsumeSlowly`); otherwise, and on
+/// a slave, the master (0).
+async fn suggest_broker(st: &NodeState, a: &PullArgs, records: &[Bytes]) -> u64 {
+    let Some(last) = records.last() else {
+        return 0;
+    };
+    if st.broker_id != 0 || st.cfg.ha_role() == Some(crate::config::HaRole::Slave) {
+        return 0;
+    }
+    let at = crate::format::record::PHYS_OFFSET_AT;
+    let Some(phys) = last
+        .get(at..at + 8)
+        .map(|b| i64::from_be_bytes(b.try_into().unwrap_or([0; 8])).max(0) as u64)
+    else {
+        return 0;
+    };
+    let end = match local_owner(&a.topic, a.queue_id) {
+        Some(store) => store.max_log_offset(),
+        None => {
+            let shard = st.handle.shard_of(&a.topic, a.queue_id);
+            match st.handle.shard_status(shard).await {
+                Ok(s) => s.max_log_offset,
+                Err(_) => return 0,
+            }
+        }
+    };
+    let far = total_memory() / 100 * IN_MEMORY_MAX_PERCENT;
+    if far > 0 && end.saturating_sub(phys) > far {
+        1
+    } else {
+        0
+    }
 }
 
 // ---------------------------------------------------------------------------------

@@ -7,8 +7,9 @@
 //!   queue round-robin.
 //! * A batch is one `put_batch` on one queue; the C++ client sends batches as code 10
 //!   with `batch = 1`, so that flag counts as well as code 320.
-//! * A stored put (`PutOk`, or `FlushDiskTimeout`: stored, durability not confirmed in
-//!   time) is answered with its code, `msgId` and `queueOffset`; any other status is
+//! * A stored put (`PutOk`; `FlushDiskTimeout`, `FlushSlaveTimeout`, `SlaveNotAvailable`:
+//!   stored, durability or replication not confirmed, codes 10, 12, 11 as RocketMQ's
+//!   `SendMessageProcessor`) is answered with its code, `msgId` and `queueOffset`; any other status is
 //!   refused with RocketMQ's response code and a remark. Only a stored put signals the
 //!   queue's held pulls.
 //! * Sent back: `%RETRY%group` at once (delay levels need scheduled delivery, not
@@ -94,6 +95,18 @@ fn put_code(status: PutStatus) -> (i32, Option<String>) {
         PutStatus::OsPageCacheBusy => (
             SYSTEM_BUSY,
             Some("[PC_SYNCHRONIZED]broker busy, start flow control for a while: no room for the message within the put timeout (disk stalled or too slow)".into()),
+        ),
+        PutStatus::FlushSlaveTimeout => (
+            FLUSH_SLAVE_TIMEOUT,
+            Some("wait for the slave's acknowledgement timed out; the message is stored on the master".into()),
+        ),
+        PutStatus::SlaveNotAvailable => (
+            SLAVE_NOT_AVAILABLE,
+            Some("no slave is in sync (none connected, or too far behind); the message is stored on the master".into()),
+        ),
+        PutStatus::SlaveMode => (
+            SERVICE_NOT_AVAILABLE,
+            Some("service not available now: this broker is a slave (slave mode) and takes no writes; send to its master".into()),
         ),
         PutStatus::CreateMappedFileFailed => (
             SYSTEM_ERROR,

@@ -203,6 +203,7 @@ async fn open_structures(
         lock: RefCell::new(Some(lock)),
         index,
         read_cache: ReadCache::new(cfg),
+        transfer: Default::default(),
     });
     let files = queue_files(&inner.queues, cp.as_ref(), damaged);
     let queues_from = match decide(Facts::Loaded {
@@ -277,7 +278,9 @@ async fn scan_and_dispatch(inner: &Inner, rec: &mut Recovery) -> Result<()> {
         inner,
         queues_from: rec.queues_from,
         index_from: rec.index_from,
-        rebuild: rec.queues_from == rec.log_min,
+        // A log that begins past its base (a slave that started at its master's last
+        // segment) has queues that begin past 0.
+        rebuild: rec.queues_from == rec.log_min || rec.log_min > inner.cfg.log_base_offset,
         placed: 0,
         queue_failure: None,
     };

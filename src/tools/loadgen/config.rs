@@ -101,6 +101,9 @@ pub enum Mode {
     /// Open a kept store (recovering it), report the open's time, shut down
     /// (scenario 7)
     Recover,
+    /// Replicate a kept store to a new, empty slave over loopback and time the
+    /// catch-up (scenario 8)
+    Replicate,
 }
 
 impl Mode {
@@ -110,6 +113,7 @@ impl Mode {
             Mode::CatchUp => "catch-up",
             Mode::KeyQueries => "key-queries",
             Mode::Recover => "recover",
+            Mode::Replicate => "replicate",
         }
     }
 }
@@ -230,6 +234,11 @@ pub struct LoadConfig {
     /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
     #[arg(long, value_name = "US")]
     pub spin_us: Option<u64>,
+    /// Replicate to an in-process slave store (its own directory beside the store's,
+    /// removed at the end) over loopback: the store runs as SYNC_MASTER, so every put
+    /// waits for the slave's acknowledgement (scenario 8)
+    #[arg(long)]
+    pub slave: bool,
 }
 
 /// How the producers reach the store.
@@ -278,6 +287,10 @@ impl LoadConfig {
         };
         if let Some(mib) = self.prewrite_mib {
             c.commit_log_prewrite_bytes = Some(mib << 20);
+        }
+        if self.slave {
+            c.ha.role = crate::HaRole::SyncMaster;
+            c.ha.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
         }
         c
     }
@@ -360,6 +373,7 @@ impl LoadConfig {
             "sync_io": match self.sync_io { SyncIo::Dsync => "dsync", SyncIo::Ring => "ring" },
             "prewrite_mib": self.prewrite_mib,
             "spin_us": self.spin_us,
+            "slave": self.slave,
         })
     }
 }

@@ -30,7 +30,9 @@
 //! `Handle::query_by_key` for keys the producing run put; `recover.rs` times
 //! `ShardedStore::open` (recovery included) and reports each shard's open phases.
 //! `--kill-after-flush` makes a produce run SIGKILL itself once its log is flushed,
-//! leaving the abort files as `kill -9` does.
+//! leaving the abort files as `kill -9` does. `replica.rs` (scenario 8): `--slave` puts
+//! to a SYNC_MASTER with an in-process slave following it; `--mode replicate` times a
+//! new slave's catch-up on a kept store.
 //!
 //! # What is measured (`report.rs`)
 //!
@@ -83,6 +85,7 @@ mod produce;
 mod progress;
 mod recover;
 pub mod remote;
+mod replica;
 mod report;
 mod run;
 mod svg;
@@ -142,6 +145,7 @@ pub fn run_mode(cfg: &LoadConfig) -> Result<bool, String> {
         Mode::CatchUp => catch_up::run(cfg, &dir, shards)?,
         Mode::KeyQueries => key_queries::run(cfg, &dir, shards)?,
         Mode::Recover => recover::run(cfg, &dir, shards)?,
+        Mode::Replicate => replica::run(cfg, &dir, shards)?,
     };
     let ok = report["ok"].as_bool().unwrap_or(false);
     let peak_rss = measure::process_usage().1;

@@ -72,6 +72,10 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
         );
     }
     let store = open_store(cfg, &data_dir, shards, cfg.store_template(&data_dir))?;
+    let slave = match cfg.slave {
+        true => Some(super::replica::start_slave(cfg, &store, &data_dir)?),
+        false => None,
+    };
     let handle = store.handle();
     let (cpu_start, _) = process_usage();
     let started = Instant::now();
@@ -122,6 +126,12 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
     let shut = store
         .shutdown()
         .map_err(|e| format!("shutdown failed: {e}"));
+    if let Some(slave) = slave {
+        slave
+            .store
+            .shutdown()
+            .map_err(|e| format!("slave shutdown failed: {e}"))?;
+    }
     let total_seconds = started.elapsed().as_secs_f64();
     let (cpu_end, peak_rss_bytes) = process_usage();
     let (shard_results, outside_results) = (shard_results?, outside_results?);
