@@ -15,6 +15,8 @@
 #   consume_queue  format::consume_queue::CqEntry::decode; re-encodes to the input
 #   checkpoint     format::checkpoint::Checkpoint::decode; re-encodes to the same
 #                  timestamps and, when trusted, the same CRC-covered section
+#   flush_mark     format::flush_mark::FlushMark::{decode, latest}; what decodes
+#                  re-encodes to the same checked bytes
 #   index_file     IndexHeader/IndexEntry decode, slot links via Geometry, file
 #                  names; re-encodes to the input, positions never overflow
 #   msg_id         MessageId::parse (hex) and from_bytes (raw); round trips
@@ -43,7 +45,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz_dir="$root/scripts/fuzz"
-all_targets=(record properties consume_queue checkpoint index_file msg_id manifest remoting_frame)
+all_targets=(record properties consume_queue checkpoint flush_mark index_file msg_id manifest remoting_frame)
 
 seconds=60
 targets=()

@@ -454,6 +454,7 @@ impl CommitLog {
 
     async fn follow_group_commit(&self, gc: &GroupCommit) -> Result<()> {
         loop {
+            self.check_mark()?;
             self.expire_sync_waits();
             // Segments: the one being written and the next, so rounds never wait
             // for a file to be created.
