@@ -13,9 +13,15 @@
 //!   (no retried fdatasync, no ack) until it is reopened; nothing acknowledged is lost.
 //! * bit flips in stored files: reopening is refused with a corruption error, or every
 //!   read returns the original message or a corruption error, never other bytes.
+//! * the refuse line is the durable flushed offset (issue 16): an async workload with
+//!   several write pools unflushed opens after power losses at sync points and at its
+//!   end (also during recovery) with nothing below the last flush lost; a bit flip in
+//!   an acknowledged zero-body record after the last checkpoint is refused; a record
+//!   longer than a writer-task round, torn in its tail, is cut, not refused.
 //!
 //! `COREMQ_SIM_SEED=<n>` replays one seed (`COREMQ_SIM_K=<k>` one crash point of it);
-//! `COREMQ_SIM_SEEDS=<n>` runs n seeds.
+//! `COREMQ_SIM_SEEDS=<n>` runs n seeds (`COREMQ_SIM_SEED_FROM=<i>`: from the i-th on,
+//! to split a long run).
 //! Every failure message names the seed and the crash point.
 
 mod common;
@@ -271,7 +277,12 @@ fn seeds() -> Vec<u64> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    (0..n).map(|i| 0xC0DE + i).collect()
+    // `COREMQ_SIM_SEED_FROM=<i>`: start at the i-th seed (to split a long run).
+    let from: u64 = std::env::var("COREMQ_SIM_SEED_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (from..n).map(|i| 0xC0DE + i).collect()
 }
 
 #[test]
@@ -350,11 +361,18 @@ async fn crash_sweep(mode: FlushMode) {
                 assert!(store.report.clean_shutdown, "{ctx}");
                 store.shutdown().await.unwrap();
             }
+            eprintln!(
+                "seed {seed} {mode:?}: {points} crash points verified, {reopened_with_data} \
+                 with acknowledged data"
+            );
+            // Not a vacuous sweep: many crash points come after acknowledged puts.
+            // (40%: in async mode only a flush acknowledges, and the flush mark adds
+            // syncs of its own, two when the store is created and one per flush, so
+            // a run's first ack can come after half of its points.)
             assert!(
-                reopened_with_data > points / 2,
+                reopened_with_data * 5 >= points * 2,
                 "{reopened_with_data} of {points}"
             );
-            eprintln!("seed {seed} {mode:?}: {points} crash points verified");
         }
     }
 }

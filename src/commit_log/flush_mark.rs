@@ -21,12 +21,13 @@
 //! names was made durable); writes never overlap (one writer at a time: recovery
 //! before the tasks start, then the flush round in async mode or the mark task in sync
 //! mode); a write never overwrites the newest valid slot (it takes the next sequence,
-//! which goes to the other slot); the file is created (sized, synced, its directory
-//! synced) only after recovery judged the log, so a refused open changes nothing.
+//! which goes to the other slot); the file is created (its first slot written durably,
+//! then its directory synced) only after recovery judged the log, so a refused open
+//! changes nothing.
 
 use super::CommitLog;
 use crate::error::Result;
-use crate::format::flush_mark::{FILE_LEN, FlushMark, SLOT_LEN};
+use crate::format::flush_mark::{FlushMark, SLOT_LEN};
 use crate::io::{AlignedBuf, Disk, File};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -96,9 +97,10 @@ impl FlushMarkFile {
 
     /// Records `flushed` (every log byte below it is durable now) in the next slot,
     /// durably: one direct-I/O page written with `RWF_DSYNC` (write + fdatasync on the
-    /// simulated disk).
+    /// simulated disk). The first write of a new file also syncs its directory before
+    /// it returns (what it records may be relied on at once).
     pub(super) async fn write(&self, disk: &Disk, flushed: u64) -> Result<()> {
-        let file = self.file(disk).await?;
+        let (file, created) = self.file(disk).await?;
         let sequence = self.next_sequence.get();
         let mut buf = self
             .buf
@@ -112,25 +114,30 @@ impl FlushMarkFile {
             .write_durable(FlushMark::slot_offset(sequence), buf)
             .await?;
         *self.buf.borrow_mut() = Some(buf);
+        if created {
+            disk.sync_dir(self.path.parent().unwrap_or(Path::new(".")))?;
+        }
         self.next_sequence.set(sequence + 1);
         self.recorded.set(flushed);
         self.last_write.set(Some(Instant::now()));
         Ok(())
     }
 
-    /// The open file, created at full size (both slots) with its name durable on
-    /// first use.
-    async fn file(&self, disk: &Disk) -> Result<Rc<File>> {
+    /// The open file, and whether it was created just now (it grows to its two
+    /// slots as they are written; the write that creates it syncs its name).
+    async fn file(&self, disk: &Disk) -> Result<(Rc<File>, bool)> {
         if let Some(f) = &*self.file.borrow() {
-            return Ok(f.clone());
+            return Ok((f.clone(), false));
         }
-        let f = if disk.exists(&self.path) {
-            disk.open(&self.path, false).await?
-        } else {
-            disk.create_sized(&self.path, FILE_LEN as u64).await?
-        };
+        let created = !disk.exists(&self.path);
+        let f = disk.open(&self.path, created).await?;
         *self.file.borrow_mut() = Some(f.clone());
-        Ok(f)
+        Ok((f, created))
+    }
+
+    /// Whether the mark already says `flushed` (as found at open, or last written).
+    pub(super) fn says(&self, flushed: u64) -> bool {
+        (self.found.is_some() || self.last_write.get().is_some()) && self.recorded() == flushed
     }
 }
 

@@ -9,7 +9,8 @@
 //! damaged position by the decision table in [`table`]: cut it, cut it and keep the
 //! bytes in `lost+found/`, or refuse. The refuse line is the durable flushed offset:
 //! the higher of the checkpoint's and the flush mark's (`flush_mark.rs`), which the
-//! writer keeps as it flushes; recovery leaves the mark at the end it keeps. The records go, as they are verified, to a
+//! writer keeps as it flushes; recovery leaves the mark at the end it keeps. The
+//! records go, as they are verified, to a
 //! [`RecordSink`] (the store's queues and key index: each record dispatched once, from
 //! each structure's own resume point), from the caller's `replay_from`, which may lie
 //! below the verified part (records there are decoded, not checksummed: the checkpoint
@@ -60,7 +61,7 @@ pub struct RecoverPlan {
     /// `durable_below` is backed by a flush mark: nothing above it was acknowledged
     /// as durable (sync mode: but for the mark's lag). Without one (a RocketMQ store,
     /// an older coremq store, a lost mark) a hole is taken as torn only within one
-    /// pool of the data's end ([`table::Reach`]).
+    /// pool of the data's end (the table's `Reach`).
     pub marked: bool,
     /// The checkpoint of a clean shutdown: never-written bytes exactly at
     /// `durable_below` are the normal end of the log.
@@ -168,7 +169,9 @@ impl CommitLog {
             }
             seg += self.seg_bytes;
         }
-        self.write_flush_mark(report.end).await?;
+        if !self.mark.says(report.end) {
+            self.write_flush_mark(report.end).await?;
+        }
         Ok(report)
     }
 
