@@ -308,6 +308,9 @@ async fn crash_sweep(mode: FlushMode) {
             store.wait_dispatched().await;
             verify(&store, &model, &format!("seed {seed} reference")).await;
             store.shutdown().await.expect("clean shutdown");
+            // An async run acknowledges only what a flush covered; some seeds draw no
+            // flush at all (seed 0xC0DE + 409: 28 draws, none a flush).
+            let acks_in_reference = model.acked.values().any(|v| !v.is_empty());
             let points = reference.sync_points();
             assert!(points > 20, "workload too small: {points} sync points");
             let mut reopened_with_data = 0;
@@ -370,7 +373,7 @@ async fn crash_sweep(mode: FlushMode) {
             // syncs of its own, two when the store is created and one per flush, so
             // a run's first ack can come after half of its points.)
             assert!(
-                reopened_with_data * 5 >= points * 2,
+                reopened_with_data * 5 >= points * 2 || !acks_in_reference,
                 "{reopened_with_data} of {points}"
             );
         }
