@@ -96,7 +96,9 @@ impl FlushMark {
     }
 
     /// The newest valid slot of a whole file (of any length: a short or empty file
-    /// has slots never written). `Err` only when no slot is valid and one is damaged
+    /// has slots never written). A slot holding a sequence that belongs in the other
+    /// slot is damaged (`BadLength(sequence)`: never written so; found by the
+    /// `flush_mark` fuzz target). `Err` only when no slot is valid and one is damaged
     /// (the first damage found); `Ok(None)` when no slot was ever written.
     pub fn latest(file: &[u8]) -> Result<Option<FlushMark>, Corruption> {
         let mut best: Option<FlushMark> = None;
@@ -105,6 +107,9 @@ impl FlushMark {
             let from = (i * SLOT_LEN).min(file.len());
             let to = ((i + 1) * SLOT_LEN).min(file.len());
             match FlushMark::decode(&file[from..to]) {
+                Ok(Some(m)) if FlushMark::slot_offset(m.sequence) != from as u64 => {
+                    damage.get_or_insert(Corruption::BadLength(m.sequence as i64));
+                }
                 Ok(Some(m)) if best.is_none_or(|b| m.sequence > b.sequence) => best = Some(m),
                 Ok(_) => {}
                 Err(e) => {
@@ -184,6 +189,29 @@ mod tests {
         );
         assert_eq!(FlushMark::latest(&[]), Ok(None));
         assert_eq!(FlushMark::latest(&file([None, None])), Ok(None));
+    }
+
+    /// A slot whose sequence belongs in the other slot was never written so: damage,
+    /// not a mark (the `flush_mark` fuzz target found `latest` taking one).
+    #[test]
+    fn a_sequence_in_the_wrong_slot_is_damage() {
+        let odd = FlushMark {
+            sequence: 3,
+            flushed: 7,
+        };
+        let mut f = vec![0u8; FILE_LEN];
+        f[..SLOT_LEN].copy_from_slice(&odd.encode());
+        assert_eq!(FlushMark::latest(&f), Err(Corruption::BadLength(3)));
+        let even = FlushMark {
+            sequence: 2,
+            flushed: 5,
+        };
+        f[SLOT_LEN..].copy_from_slice(&even.encode());
+        assert_eq!(FlushMark::latest(&f), Err(Corruption::BadLength(3)));
+        let mut g = vec![0u8; FILE_LEN];
+        g[..SLOT_LEN].copy_from_slice(&even.encode());
+        g[SLOT_LEN..].copy_from_slice(&odd.encode());
+        assert_eq!(FlushMark::latest(&g), Ok(Some(odd)));
     }
 
     /// A slot with an intact CRC but another version is refused, not read with
