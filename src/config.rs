@@ -52,6 +52,13 @@ pub struct StoreConfig {
     /// `max_dispatch_lag_bytes`) gets `OsPageCacheBusy` (nothing stored). Counted from
     /// the put's start; a put answers at most an eighth of it (at most 20 ms) late.
     pub sync_flush_timeout: Duration,
+    /// Sync flush: the flush mark (`<shard>/flushmark`, recovery's refuse line) is
+    /// brought up to the durable position at most this often, off the put path (1 ms;
+    /// async flush writes it with every flush instead). Acknowledged records within
+    /// this lag that a media error damages are cut and kept in `lost+found/` rather
+    /// than refused (README "Recovery"). Zero: after every round (deterministic
+    /// simulation tests).
+    pub flush_mark_interval: Duration,
     /// Commit (write buffer -> file) when at least this many pages are pending (RocketMQ: 4).
     pub commit_least_pages: u64,
     /// Commit at least this often (RocketMQ `commitIntervalCommitLog`, 200 ms).
@@ -293,6 +300,7 @@ impl StoreConfig {
             flush_least_pages: 4,
             flush_thorough_interval: Duration::from_secs(10),
             sync_flush_timeout: Duration::from_secs(5),
+            flush_mark_interval: Duration::from_millis(1),
             commit_least_pages: 4,
             commit_interval: Duration::from_millis(200),
             commit_chunk_bytes: 1 << 20,

@@ -17,6 +17,7 @@
 use coremq::StoredMessage;
 use coremq::format::checkpoint::{CHECKPOINT_LEN, COREMQ_AT, COREMQ_MAGIC, Checkpoint};
 use coremq::format::consume_queue::{self, CqEntry};
+use coremq::format::flush_mark::{self, FlushMark};
 use coremq::format::ha;
 use coremq::format::index_file::{self, Geometry, IndexEntry, IndexHeader};
 use coremq::format::manifest::{self, QueueManifest};
@@ -871,6 +872,80 @@ proptest! {
                 Checkpoint { physic_msg_timestamp: 0, logics_msg_timestamp: 0, index_msg_timestamp: 0, ..got },
                 Checkpoint { physic_msg_timestamp: 0, logics_msg_timestamp: 0, index_msg_timestamp: 0, ..cp }
             );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Flush mark
+// ---------------------------------------------------------------------------
+
+/// Bytes of a flush-mark slot that are checked (magic to CRC).
+const MARK_CHECKED: usize = flush_mark::USED_LEN;
+
+fn flush_mark() -> impl Strategy<Value = FlushMark> {
+    (any::<u64>(), any::<u64>()).prop_map(|(sequence, flushed)| FlushMark { sequence, flushed })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Random slots and files: never a panic; whatever decodes re-encodes to the
+    /// checked bytes it came from.
+    #[test]
+    fn flush_mark_random_bytes(mut buf in bytes(flush_mark::FILE_LEN + 200), magic in any::<bool>()) {
+        if magic && buf.len() >= 4 {
+            buf[..4].copy_from_slice(&flush_mark::MAGIC.to_be_bytes());
+        }
+        match FlushMark::decode(&buf) {
+            Ok(Some(m)) => prop_assert_eq!(&m.encode()[..MARK_CHECKED], &buf[..MARK_CHECKED]),
+            Ok(None) => prop_assert!(buf.iter().take(MARK_CHECKED).all(|b| *b == 0)),
+            Err(_) => {}
+        }
+        if let Ok(Some(m)) = FlushMark::latest(&buf) {
+            let at = FlushMark::slot_offset(m.sequence) as usize;
+            let slot = &buf[at.min(buf.len())..];
+            prop_assert_eq!(FlushMark::decode(slot), Ok(Some(m)));
+        }
+    }
+
+    /// A file of two written slots, one of them then damaged by a mutation: the
+    /// newest slot that still decodes wins, and the damaged one never reads as
+    /// something it was not.
+    #[test]
+    fn flush_mark_newest_valid_slot_wins(
+        older in flush_mark(),
+        gap in 1u64..1000,
+        flushed in any::<u64>(),
+        damage_newer in any::<bool>(),
+        m in mutation(),
+    ) {
+        let older = FlushMark { sequence: older.sequence % (u64::MAX / 2), ..older };
+        let newer = FlushMark { sequence: older.sequence + gap * 2 - 1, flushed };
+        prop_assert_ne!(FlushMark::slot_offset(older.sequence), FlushMark::slot_offset(newer.sequence));
+        let mut file = vec![0u8; flush_mark::FILE_LEN];
+        for w in [older, newer] {
+            let at = FlushMark::slot_offset(w.sequence) as usize;
+            file[at..at + flush_mark::SLOT_LEN].copy_from_slice(&w.encode());
+        }
+        prop_assert_eq!(FlushMark::latest(&file), Ok(Some(newer)));
+        let (hit, kept) = if damage_newer { (newer, older) } else { (older, newer) };
+        let at = FlushMark::slot_offset(hit.sequence) as usize;
+        let mut slot = file[at..at + flush_mark::SLOT_LEN].to_vec();
+        apply(&m, &mut slot, None, 0);
+        let changed = slot.len() < MARK_CHECKED || slot[..MARK_CHECKED] != hit.encode()[..MARK_CHECKED];
+        match FlushMark::decode(&slot) {
+            Ok(Some(got)) => {
+                prop_assert!(!changed, "{:?} went unnoticed", m);
+                prop_assert_eq!(got, hit);
+            }
+            Ok(None) => prop_assert!(slot.iter().take(MARK_CHECKED).all(|b| *b == 0)),
+            Err(_) => prop_assert!(changed),
+        }
+        if changed {
+            slot.resize(flush_mark::SLOT_LEN, 0);
+            file[at..at + flush_mark::SLOT_LEN].copy_from_slice(&slot);
+            prop_assert_eq!(FlushMark::latest(&file), Ok(Some(kept)));
         }
     }
 }

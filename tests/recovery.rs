@@ -619,6 +619,126 @@ fn zeroed_page_inside_the_log_with_unusable_checkpoint_is_refused() {
 }
 
 // ---------------------------------------------------------------------------------
+// The refuse line is the durable flushed offset: the flush mark's when it is past the
+// checkpoint's (issue 16).
+
+/// Rewrites only the checkpoint's flushed and dispatch offsets (the flush mark stays),
+/// as a crash leaves a checkpoint written up to a second before the last flush.
+fn lag_checkpoint_only(root: &Path, log_flushed: u64) {
+    use coremq::format::checkpoint::Checkpoint;
+    let bytes = std::fs::read(root.join("checkpoint")).unwrap();
+    let (cp, valid) = Checkpoint::decode(&bytes).unwrap();
+    assert!(valid);
+    let cp = Checkpoint {
+        log_flushed_offset: log_flushed,
+        dispatch_safe_offset: log_flushed,
+        ..cp
+    };
+    std::fs::write(root.join("checkpoint"), cp.encode()).unwrap();
+}
+
+/// Damage in a record the flush mark covers but the (older) checkpoint does not, with
+/// valid records after it in the last pool: it was durable and acknowledged, so open
+/// refuses, naming the file and offset, and changes nothing. Both a flip (a fully
+/// written record) and a zeroed sector (as a torn write leaves, which the checkpoint's
+/// line alone would take for a torn tail).
+#[test]
+fn damage_below_the_flush_mark_but_above_the_checkpoint_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pristine = tmp.path().join("pristine");
+    let recs = populate(
+        &pristine,
+        messages(&QS, 60, |i| 700 + (i as usize * 37) % 500),
+    );
+    let sb = seg_bytes(&pristine);
+    let mut failures = Vec::new();
+    for (case, zero_sector) in [("flip", false), ("zeroed sector", true)] {
+        let root = tmp.path().join(case.replace(' ', "-"));
+        copy_dir(&pristine, &root);
+        let victim = recs[recs.len() - 5].clone();
+        if zero_sector {
+            let sector = (victim.log_off / 512 + 1) * 512;
+            write_log(&root, sb, sector, &[0u8; 512]);
+        } else {
+            flip_log_byte(&root, sb, victim.log_off + 88 + 5, 0x01);
+        }
+        lag_checkpoint_only(&root, recs[recs.len() - 10].log_off);
+        mark_unclean(&root);
+        if let Err(e) = expect_refused(&root, victim.log_off, case) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// With a flush mark, damage above it followed by valid records was never acknowledged
+/// as durable (async mode: a flush that returned covered only what the mark names),
+/// whatever the damage looks like: even a fully written record failing its checksum
+/// is a torn tail, cut and kept in `lost+found/`.
+#[test]
+fn with_a_flush_mark_damage_above_it_before_valid_records_is_cut_and_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("s");
+    let recs = populate(&root, messages(&QS, 60, |i| 700 + (i as usize * 37) % 500));
+    let sb = seg_bytes(&root);
+    let victim = recs[recs.len() - 6].clone();
+    flip_log_byte(&root, sb, victim.log_off + 88 + 5, 0x01);
+    forge_checkpoint(&root, victim.log_off, victim.log_off);
+    mark_unclean(&root);
+    let kept = recs.clone();
+    run(move || async move {
+        let store = Store::open(cfg(&root)).await.expect("a torn tail opens");
+        let (at, _) = store.report.truncated.expect("the torn tail is reported");
+        assert_eq!(at, victim.log_off, "cut where the damaged record starts");
+        let before: Vec<Rec> = kept
+            .iter()
+            .filter(|r| r.log_off < victim.log_off)
+            .cloned()
+            .collect();
+        check_intact(&store, &before, "records before the damage").await;
+        let lost = root
+            .join("lost+found")
+            .join(format!("commitlog-{:020}", victim.log_off));
+        let saved = std::fs::read(&lost).expect("cut bytes kept in lost+found");
+        assert_eq!(
+            saved.len() as u64,
+            kept.last().unwrap().end() - victim.log_off
+        );
+        store.shutdown().await.unwrap();
+    });
+}
+
+/// A checkpoint inside a record (a build whose sync rounds could end mid-record), no
+/// flush mark, and that record's tail torn past the checkpoint (its framing intact, a
+/// body sector zeroed): the record was never wholly durable, so it is a torn tail, cut,
+/// not refused.
+#[test]
+fn a_checkpoint_inside_a_torn_record_cuts_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("s");
+    let mut msgs = messages(&QS, 30, |i| 100 + (i as usize * 37) % 900);
+    msgs.push(message("RecA", 0, 30, 3000));
+    let recs = populate(&root, msgs);
+    let last = recs.last().unwrap().clone();
+    let sb = seg_bytes(&root);
+    let sector = (last.log_off / 512 + 3) * 512;
+    assert!(sector + 512 < last.end() - 200, "a body sector");
+    assert!(sector > last.log_off + 1024, "past the checkpoint");
+    write_log(&root, sb, sector, &[0u8; 512]);
+    forge_checkpoint(&root, last.log_off + 1024, last.log_off);
+    std::fs::remove_file(root.join("flushmark")).unwrap();
+    mark_unclean(&root);
+    torn_tail_case(
+        "checkpoint inside a torn record",
+        &root,
+        &recs,
+        last.log_off,
+        None,
+    )
+    .unwrap();
+}
+
+// ---------------------------------------------------------------------------------
 // A lost log tail with ConsumeQueues ahead of it (async-flush crash).
 
 /// Async flush: the dispatcher indexes records as soon as they are written, and the

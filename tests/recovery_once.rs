@@ -281,8 +281,10 @@ fn torn_last_record_is_cut_and_never_dispatched() {
     let c = setup();
     let last = c.recs.last().unwrap().clone();
     let seg = cfg(&c.crashed).commit_log_segment_bytes;
-    // The record's last bytes never landed.
+    // The record's last bytes never landed: it was never durable, so the flush mark
+    // (which the copy took after the log was flushed) stops before it.
     write_log(&c.crashed, seg, last.log_off + last.size - 40, &[0u8; 40]);
+    forge_flush_mark(&c.crashed, last.log_off);
     let report = recover(&c.crashed);
     assert_eq!(report.log_end, last.log_off, "log cut at the torn record");
     assert_eq!(report.entries_rebuilt, N2 - 1);

@@ -8,12 +8,16 @@
 //!   `flushLeastPages` and `flushPhysicQueueThoroughInterval`);
 //! * **sync flush on the writer task** (the simulated disk, and `RingWriteFdatasync`):
 //!   group-commit rounds run here, each round starting as the last one ends.
-//!   `DsyncWrite` copies the round out of the buffers and writes it with one durable
-//!   write on the shard's dsync thread ([`File::write_durable`]; `sync_round`);
+//!   `DsyncWrite` copies the round out of the buffers and writes it with durable
+//!   writes on the shard's dsync thread ([`File::write_durable`]; `sync_round`), the
+//!   round ending at `written` (a record end) like the group-commit thread's;
 //!   `RingWriteFdatasync` commits, then fdatasyncs, through the io_uring ring;
 //! * **sync flush with the group-commit thread** (`DsyncWrite` on the real disk): the
 //!   thread runs the rounds, and this task only keeps segments ahead of it and turns its
 //!   progress into `committed`/`flushed` (`group_commit.rs`).
+//!
+//! The flush mark (`flush_mark.rs`) is written by the async flush round and, in sync
+//! mode, by its own task that this one starts and waits for.
 //!
 //! A write or fdatasync error ends the loop: the log stops taking writes (fail-stop,
 //! never a retried fdatasync), and `committed`/`flushed` are closed so waiting puts
@@ -30,15 +34,27 @@ use std::time::{Duration, Instant};
 
 impl CommitLog {
     /// The writer task: commits and flushes by the flush mode's rules until stopped.
+    /// In sync mode it runs the flush mark's task beside it (`flush_mark.rs`) and
+    /// waits for its last write before it ends.
     pub async fn run_writer(self: Rc<Self>) {
+        use glommio::{Latency, Shares, executor};
         let prewriter = if self.cfg.prewrite_bytes() > 0 {
-            use glommio::{Latency, Shares, executor};
             let tq = executor().create_task_queue(
                 Shares::Static(100),
                 Latency::NotImportant,
                 "commit-log-prewrite",
             );
             glommio::spawn_local_into(self.clone().run_prewriter(), tq).ok()
+        } else {
+            None
+        };
+        let marker = if self.cfg.flush_mode == FlushMode::Sync {
+            let tq = executor().create_task_queue(
+                Shares::Static(100),
+                Latency::NotImportant,
+                "commit-log-flush-mark",
+            );
+            glommio::spawn_local_into(self.clone().run_flush_mark(), tq).ok()
         } else {
             None
         };
@@ -58,15 +74,37 @@ impl CommitLog {
             self.writer_loop().await
         };
         if let Err(e) = result {
-            tracing::error!(error = %e, "commit log writer failed; the shard stops taking writes");
-            *self.failed.borrow_mut() = Some(e.to_string());
-            self.committed.close();
-            self.flushed.close();
+            self.fail(e);
+        }
+        self.writer_done.set(true);
+        self.mark_wake.notify();
+        if let Some(m) = marker {
+            m.await;
+        }
+        if let Some(e) = self.mark_failed.borrow_mut().take() {
+            self.fail(e);
         }
         self.stopping.set(true);
         self.prewrite_wake.notify();
         if let Some(p) = prewriter {
             p.await;
+        }
+    }
+
+    /// Stops the log taking writes after `e` (fail-stop): puts and tasks waiting on
+    /// `committed` or `flushed` return.
+    fn fail(&self, e: crate::error::Error) {
+        tracing::error!(error = %e, "commit log writer failed; the shard stops taking writes");
+        self.failed.borrow_mut().get_or_insert(e.to_string());
+        self.committed.close();
+        self.flushed.close();
+    }
+
+    /// The error of a failed flush-mark write, once (the writer's loops end with it).
+    pub(super) fn check_mark(&self) -> Result<()> {
+        match self.mark_failed.borrow_mut().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -77,6 +115,7 @@ impl CommitLog {
         let mut last_flush = Instant::now();
         let mut last_thorough = Instant::now();
         loop {
+            self.check_mark()?;
             let stopping = self.stopping.get();
             let flush_now = self.flush_now.replace(false);
             let commit_now = self.commit_now.replace(false);
@@ -141,6 +180,9 @@ impl CommitLog {
     }
 
     /// One flush round: fdatasync every segment holding committed, unflushed bytes.
+    /// In async mode the flush mark then records the new position before `flushed`
+    /// moves (so what a returned `Store::flush` covered is below the mark); in sync
+    /// mode (`RingWriteFdatasync`) the mark task does that, off the put path.
     async fn flush_once(&self) -> Result<()> {
         let start = self.flushed.get();
         let target = self.committed.get();
@@ -155,57 +197,67 @@ impl CommitLog {
             }
             s += self.seg_bytes;
         }
+        if self.cfg.flush_mode == FlushMode::Async {
+            self.write_flush_mark(target).await?;
+        }
         self.flushed_ts.set(ts);
         self.flushed.set(target);
         Ok(())
     }
 
     /// One sync-flush round on the writer task ([`SyncFlushIo::DsyncWrite`] without
-    /// the group-commit thread): copies `[align_down(committed), written)` (at most
-    /// `commit_chunk_bytes * commit_max_inflight`) out of the buffers and makes it
-    /// durable with one [`File::write_durable`] per segment touched; then committed
-    /// and flushed move together. Rounds never overlap: a round rewrites the previous
-    /// round's last page, and two in-flight writes of a page may land in either order.
-    /// Returns whether anything was written.
+    /// the group-commit thread, i.e. on the simulated disk): makes `[align_down(committed),
+    /// target)` durable, where `target` is `written` (or the end of a segment), so a
+    /// round, like the group-commit thread's, ends on a record end and `flushed` is
+    /// always one (recovery's refuse line is a record boundary: a round that ended inside
+    /// a record put that record's torn tail below the line, and open refused). The
+    /// bytes go as pieces of at most `commit_chunk_bytes` copied out of the buffers, at
+    /// most `commit_max_inflight` in flight, each made durable by one
+    /// [`File::write_durable`]; then committed and flushed move together. Pieces are
+    /// page-aligned, so no two write the same page; rounds never overlap (a round
+    /// rewrites the previous round's last page, and two in-flight writes of a page may
+    /// land in either order). Returns whether anything was written.
     async fn sync_round(&self) -> Result<bool> {
         let start = self.committed.get();
         debug_assert_eq!(start, self.flushed.get());
-        let max = (self.cfg.commit_chunk_bytes * self.cfg.commit_max_inflight) as u64;
-        let target = self.written.get().min(align_down(start) + max);
-        if target <= start {
+        if self.written.get() <= start {
             return Ok(false);
         }
-        let last_seg = self.segment_start(target - 1);
+        let last_seg = self.segment_start(self.written.get() - 1);
         self.ensure_segments(start, last_seg).await?;
-        // Puts may have appended while a segment was created: take them too.
-        let target = self
-            .written
-            .get()
-            .min(align_down(start) + max)
-            .min(last_seg + self.seg_bytes);
+        // Puts may have appended while a segment was created: take them too, up to
+        // the last segment ensured (its end is a record end: a blank ends there).
+        let target = self.written.get().min(last_seg + self.seg_bytes);
         self.wait_prewrite_clear(target).await;
         let ts = self.last_put_ts.get();
-        let mut writes = Vec::new();
+        let chunk = self.cfg.commit_chunk_bytes as u64;
+        let mut pieces = Vec::new();
         let mut pos = align_down(start);
         while pos < target {
             let seg = self.segment_start(pos);
-            let end = target.min(seg + self.seg_bytes);
-            let len = align_up(end - pos) as usize;
-            let mut buf = self.take_round_buf(len);
-            let data = (end - pos) as usize;
-            let bytes = buf.as_mut_slice();
-            self.copy_from_buffers(pos, &mut bytes[..data]);
-            // The padding of a partial last page: zeros, whatever the (recycled)
-            // buffer holds there; the next round rewrites the page.
-            bytes[data..].fill(0);
-            let file: Rc<File> = self
-                .segment_file(seg)
-                .expect("segments ensured before planning");
-            writes.push(async move { file.write_durable(pos - seg, buf).await });
+            let end = target.min(seg + self.seg_bytes).min(pos + chunk);
+            pieces.push((seg, pos, end));
             pos = end;
         }
-        for r in join_all(writes).await {
-            self.round_bufs.borrow_mut().push(r?);
+        for batch in pieces.chunks(self.cfg.commit_max_inflight) {
+            let mut writes = Vec::with_capacity(batch.len());
+            for &(seg, pos, end) in batch {
+                let len = align_up(end - pos) as usize;
+                let mut buf = self.take_round_buf(len);
+                let data = (end - pos) as usize;
+                let bytes = buf.as_mut_slice();
+                self.copy_from_buffers(pos, &mut bytes[..data]);
+                // The padding of a partial last page: zeros, whatever the (recycled)
+                // buffer holds there; the next round rewrites the page.
+                bytes[data..].fill(0);
+                let file: Rc<File> = self
+                    .segment_file(seg)
+                    .expect("segments ensured before planning");
+                writes.push(async move { file.write_durable(pos - seg, buf).await });
+            }
+            for r in join_all(writes).await {
+                self.round_bufs.borrow_mut().push(r?);
+            }
         }
         self.advance(target, ts, true);
         // Keep one segment ahead so rounds rarely create files.

@@ -455,6 +455,7 @@ impl CommitLog {
 
     async fn follow_group_commit(&self, gc: &GroupCommit) -> Result<()> {
         loop {
+            self.check_mark()?;
             // Segments: the one being written and the next, so rounds never wait
             // for a file to be created.
             let first = self.segment_start(self.flushed.get());

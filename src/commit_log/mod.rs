@@ -44,6 +44,7 @@
 //! | `commit.rs` | `CommitRealTimeService` | write buffers to files (`committed`) |
 //! | `flush.rs` | `FlushRealTimeService` | the writer task; fdatasync (`flushed`) |
 //! | `group_commit.rs` | `GroupCommitService` | sync flush: durable rounds |
+//! | `flush_mark.rs` | (none) | the durable position, kept for recovery's refuse line |
 //! | `prewrite.rs` | (`warmMappedFile`) | zero-fill ahead of the write position |
 //! | `reader.rs` | `getData`, `selectMappedBuffer` | reads: buffers, files, read-ahead |
 //! | `read_cache.rs` | (the OS page cache) | cached blocks for catch-up reads |
@@ -54,6 +55,7 @@
 
 mod commit;
 mod flush;
+mod flush_mark;
 pub mod group_commit;
 mod prewrite;
 pub mod read_cache;
@@ -68,10 +70,11 @@ pub use reader::{LogReader, READ_AHEAD_BYTES, READ_AHEAD_DEPTH};
 pub use recovery::{RecordSink, RecoverPlan, ScanReport};
 pub use replica::ReplicaAppend;
 
+use crate::commit_log::flush_mark::FlushMarkFile;
 use crate::commit_log::group_commit::GroupCommit;
 use crate::commit_log::transient_store_pool::WriteBufferPool;
 use crate::config::StoreConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::record;
 use crate::io::{AlignedBuf, File};
 use crate::wake::{Notify, OffsetWatch};
@@ -120,6 +123,15 @@ pub struct CommitLog {
     prewrite_idle: Notify,
     /// Notified after each commit round (the prewriter follows the write position).
     prewrite_wake: Notify,
+    /// The flush mark (`flushmark`): recovery's refuse line, kept as flushes happen.
+    mark: FlushMarkFile,
+    /// Set by the sync-flush mark task when a mark write failed: the writer takes it
+    /// and stops the log (fail-stop, as for any write error).
+    mark_failed: RefCell<Option<Error>>,
+    /// Wakes the mark task (the writer ended).
+    mark_wake: Notify,
+    /// Set once the writer's loop ended (the mark task writes once more, then ends).
+    writer_done: Cell<bool>,
 }
 
 /// Where a blob of records goes: `start`, after an optional blank at `blank_at`.
@@ -151,6 +163,7 @@ impl CommitLog {
             .copied()
             .unwrap_or(cfg.log_base_offset);
         let buf_bytes = cfg.write_buffer_bytes as u64;
+        let mark = FlushMarkFile::read(&cfg.disk, &cfg.root)?;
         Ok(Rc::new(CommitLog {
             dir,
             seg_bytes: cfg.commit_log_segment_bytes,
@@ -176,6 +189,10 @@ impl CommitLog {
             prewrite_inflight: Cell::new(None),
             prewrite_idle: Notify::default(),
             prewrite_wake: Notify::default(),
+            mark,
+            mark_failed: RefCell::new(None),
+            mark_wake: Notify::default(),
+            writer_done: Cell::new(false),
             cfg,
         }))
     }

@@ -6,7 +6,7 @@
 //! lone store root), checks that `OFFSET` is a record boundary of its log (walking the
 //! records of its segment from the segment's start), copies `[OFFSET, end)` to
 //! `lost+found/commitlog-<OFFSET>` (synced), zeroes it, removes the segments past it,
-//! lowers the checkpoint's positions to at most `OFFSET` and marks the store as not
+//! lowers the checkpoint's positions and the flush mark to at most `OFFSET` and marks the store as not
 //! cleanly shut down, so the next open recovers from there (its queues and key index
 //! are cut back to the log's new end by recovery). Nothing is changed when a check
 //! fails.
@@ -92,6 +92,7 @@ pub fn truncate(data_dir: &Path, to: u64) -> Result<Truncated> {
     }
     crate::io::Disk::Real.sync_dir(&dir)?;
     lower_checkpoint(&root, to)?;
+    lower_flush_mark(&root, to)?;
     crate::io::Disk::Real.write_file_durable(&root.join("abort"), b"truncated")?;
     tracing::warn!(root = %root.display(), to, old_end = end, kept, "commit log truncated");
     Ok(Truncated {
@@ -209,6 +210,37 @@ fn zero_from(path: &Path, at: u64, seg_bytes: u64) -> Result<()> {
     }
     f.sync_data()
         .map_err(|e| Error::io("fdatasync", path, at, e))
+}
+
+/// Nor may the flush mark: recovery would refuse the cut bytes as damaged durable data.
+/// The lowered mark goes in as the next write (the other slot), so the newest valid
+/// slot is the lowered one.
+fn lower_flush_mark(root: &Path, to: u64) -> Result<()> {
+    use crate::format::flush_mark::FlushMark;
+    use std::os::unix::fs::FileExt;
+    let path = root.join("flushmark");
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Ok(());
+    };
+    let Ok(Some(mark)) = FlushMark::latest(&bytes) else {
+        return Ok(());
+    };
+    if mark.flushed <= to {
+        return Ok(());
+    }
+    let lowered = FlushMark {
+        sequence: mark.sequence + 1,
+        flushed: to,
+    };
+    let at = FlushMark::slot_offset(lowered.sequence);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io("open", &path, 0, e))?;
+    f.write_all_at(&lowered.encode(), at)
+        .map_err(|e| Error::io("write", &path, at, e))?;
+    f.sync_data()
+        .map_err(|e| Error::io("fdatasync", &path, at, e))
 }
 
 /// The checkpoint may not vouch for bytes past the cut.

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use coremq::format::checkpoint::{CHECKPOINT_LEN, Checkpoint};
+use coremq::format::flush_mark::FlushMark;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -161,15 +162,38 @@ pub fn mark_unclean(root: &Path) {
     std::fs::write(root.join("abort"), b"12345").unwrap();
 }
 
-/// Makes the checkpoint unusable (all zeros: no coremq section), so recovery scans
-/// and dispatches the whole log with nothing assumed durable.
+/// Makes the checkpoint unusable (all zeros: no coremq section) and removes the flush
+/// mark, so recovery scans and dispatches the whole log with nothing assumed durable
+/// (as for a RocketMQ store root or a store of a build without the mark).
 pub fn invalidate_checkpoint(root: &Path) {
     std::fs::write(root.join("checkpoint"), vec![0u8; CHECKPOINT_LEN]).unwrap();
+    let _ = std::fs::remove_file(root.join("flushmark"));
 }
 
-/// Rewrites the (valid) checkpoint with these offsets, keeping its other fields, as a
-/// crash would leave one that lags the log.
+/// Records `log_flushed` as the newest flush mark (the next sequence, in its slot),
+/// as the writer would have when that much was durable.
+pub fn forge_flush_mark(root: &Path, log_flushed: u64) {
+    let path = root.join("flushmark");
+    let bytes = std::fs::read(&path).unwrap_or_default();
+    let sequence = match FlushMark::latest(&bytes) {
+        Ok(Some(m)) => m.sequence + 1,
+        _ => 1,
+    };
+    let m = FlushMark {
+        sequence,
+        flushed: log_flushed,
+    };
+    if !path.exists() {
+        std::fs::write(&path, vec![0u8; coremq::format::flush_mark::FILE_LEN]).unwrap();
+    }
+    write_at(&path, FlushMark::slot_offset(sequence), &m.encode());
+}
+
+/// Rewrites the (valid) checkpoint with these offsets, keeping its other fields, and
+/// the flush mark at the same flushed offset, as a crash would leave them lagging the
+/// log.
 pub fn forge_checkpoint(root: &Path, log_flushed: u64, dispatch_safe: u64) {
+    forge_flush_mark(root, log_flushed);
     let bytes = std::fs::read(root.join("checkpoint")).expect("read checkpoint");
     let (cp, valid) = Checkpoint::decode(&bytes).expect("decode checkpoint");
     assert!(

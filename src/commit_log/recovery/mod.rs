@@ -7,15 +7,20 @@
 //! checkpoint's safe point, and at least from the start of the segment holding the
 //! last flushed byte (RocketMQ re-checks its last files too), then judges the first
 //! damaged position by the decision table in [`table`]: cut it, cut it and keep the
-//! bytes in `lost+found/`, or refuse. The records go, as they are verified, to a
+//! bytes in `lost+found/`, or refuse. The refuse line is the durable flushed offset:
+//! the higher of the checkpoint's and the flush mark's (`flush_mark.rs`), which the
+//! writer keeps as it flushes; recovery leaves the mark at the end it keeps. The
+//! records go, as they are verified, to a
 //! [`RecordSink`] (the store's queues and key index: each record dispatched once, from
 //! each structure's own resume point), from the caller's `replay_from`, which may lie
 //! below the verified part (records there are decoded, not checksummed: the checkpoint
 //! vouched for them). Reads go through a [`LogReader`] (8 reads of 1 MiB in flight).
 //!
 //! Invariants: nothing on disk changes before the judgement (a refusal leaves the
-//! store as it found it); what recovery keeps is fdatasynced before the caller writes
-//! a checkpoint that says so; the positions (`written`, `committed`, `flushed`) all
+//! store as it found it); what recovery keeps is fdatasynced before the flush mark,
+//! and then the caller's checkpoint, say so; cut bytes kept in `lost+found/` never
+//! overwrite an earlier file there (a crash while zeroing and a second recovery
+//! would keep less); the positions (`written`, `committed`, `flushed`) all
 //! start at the end kept, and segments past it are removed.
 
 mod table;
@@ -27,7 +32,7 @@ use crate::format::record::{self, Decoded, RecordView, Verify};
 use crate::io::{self, align_down, align_up};
 use std::future::Future;
 use std::path::PathBuf;
-use table::{Action, After, Damage, Known, Position, Reach};
+use table::{Action, After, Damage, Known, Line, Position, Reach};
 
 /// The unit a torn write leaves old or new: a device's logical sector.
 const SECTOR: u64 = 512;
@@ -50,8 +55,14 @@ pub struct ScanReport {
 pub struct RecoverPlan {
     /// Verify (checksums, self-offsets) from here: the checkpoint's safe point.
     pub scan_from: u64,
-    /// Records below this were acknowledged durable: damage there is refused.
+    /// Records below this were durable: damage there is refused. The higher of the
+    /// checkpoint's flushed offset and the flush mark's.
     pub durable_below: u64,
+    /// `durable_below` is backed by a flush mark: nothing above it was acknowledged
+    /// as durable (sync mode: but for the mark's lag). Without one (a RocketMQ store,
+    /// an older coremq store, a lost mark) a hole is taken as torn only within one
+    /// pool of the data's end (the table's `Reach`).
+    pub marked: bool,
     /// The checkpoint of a clean shutdown: never-written bytes exactly at
     /// `durable_below` are the normal end of the log.
     pub trust_end: bool,
@@ -73,8 +84,26 @@ struct Damaged {
     at: u64,
     /// What the decoder said (for the report and the error).
     kind: Corruption,
+    /// Where the damaged record ends by its own length fields, when they agree with
+    /// each other (its framing decodes; only its checksums fail).
+    framed_end: Option<u64>,
     durable_below: u64,
+    marked: bool,
     trust_end: bool,
+}
+
+impl Damaged {
+    /// The table's [`Position`]: a record starting below the line counts as below it
+    /// (a durable, acknowledged record) unless its consistent length says it reaches
+    /// past the line, which then lies inside it: its tail was never durable.
+    fn position(&self) -> Position {
+        let ends_below = self.framed_end.is_none_or(|end| end <= self.durable_below);
+        if self.at < self.durable_below && ends_below {
+            Position::BelowFlushed
+        } else {
+            Position::AtOrAboveFlushed
+        }
+    }
 }
 
 /// What the look past a damaged position found.
@@ -117,18 +146,22 @@ impl CommitLog {
         let scan_from = plan.scan_from.max(min_offset).min(verify_from);
         let replay_from = plan.replay_from.max(min_offset);
         let mut report = ScanReport::default();
-        if let Some((at, kind)) = self.walk(scan_from, replay_from, sink, &mut report).await? {
+        if let Some((at, kind, framed_end)) =
+            self.walk(scan_from, replay_from, sink, &mut report).await?
+        {
             let damaged = Damaged {
                 at,
                 kind,
+                framed_end,
                 durable_below: plan.durable_below,
+                marked: plan.marked,
                 trust_end: plan.trust_end,
             };
             self.judge(damaged, &mut report).await?;
         }
         self.set_end(report.end).await?;
         // What recovery kept may not have been fdatasync'ed before the crash; make it
-        // durable before the checkpoint says it is.
+        // durable before the flush mark and the checkpoint say it is.
         let mut seg = self.segment_start(scan_from);
         while seg <= self.segment_start(report.end) {
             if let Some(f) = self.segment_file(seg) {
@@ -136,20 +169,24 @@ impl CommitLog {
             }
             seg += self.seg_bytes;
         }
+        if !self.mark.says(report.end) {
+            self.write_flush_mark(report.end).await?;
+        }
         Ok(report)
     }
 
     /// Walks the records from `min(from, replay_from)`, verifying those at or after
     /// `from` and handing those at or after `replay_from` to `sink`; sets `report.end`
     /// to where valid data ends and returns the damage found there, if any (`None`:
-    /// the log ends at a missing segment).
+    /// the log ends at a missing segment), with where the damaged record ends by its
+    /// framing when that decodes.
     async fn walk<S: RecordSink>(
         &self,
         from: u64,
         replay_from: u64,
         sink: &mut S,
         report: &mut ScanReport,
-    ) -> Result<Option<(u64, Corruption)>> {
+    ) -> Result<Option<(u64, Corruption, Option<u64>)>> {
         let max_total = self.cfg.max_record_bytes();
         let start = replay_from.min(from);
         let mut pos = start;
@@ -165,7 +202,7 @@ impl CommitLog {
                     if verified {
                         return Ok(None);
                     }
-                    Some((pos, Corruption::Truncated))
+                    Some((pos, Corruption::Truncated, None))
                 } else {
                     let seg_end = seg + self.seg_bytes;
                     let room = (seg_end - pos) as usize;
@@ -194,22 +231,35 @@ impl CommitLog {
                             }
                             pos += r.total_size as u64;
                             // RocketMQ never writes a record this close to the end.
-                            (pos + record::END_FILE_MIN_BLANK_LENGTH as u64 > seg_end)
-                                .then_some((pos, Corruption::BadLength(r.total_size as i64)))
+                            (pos + record::END_FILE_MIN_BLANK_LENGTH as u64 > seg_end).then_some((
+                                pos,
+                                Corruption::BadLength(r.total_size as i64),
+                                None,
+                            ))
                         }
                         Ok(Decoded::Blank(n)) if pos + n as u64 == seg_end => {
                             pos = seg_end;
                             None
                         }
-                        Ok(Decoded::Blank(n)) => Some((pos, Corruption::BadLength(n as i64))),
-                        Err(e) => Some((pos, e)),
+                        Ok(Decoded::Blank(n)) => Some((pos, Corruption::BadLength(n as i64), None)),
+                        Err(e) => {
+                            // Where the record ends by its own, consistent lengths.
+                            let framed_end =
+                                match record::decode(buf, Verify::framing(pos, max_total)) {
+                                    Ok(Decoded::Record(r)) if verified => {
+                                        Some(pos + r.total_size as u64)
+                                    }
+                                    _ => None,
+                                };
+                            Some((pos, e, framed_end))
+                        }
                     }
                 };
-                let Some((at, kind)) = bad else {
+                let Some((at, kind, framed_end)) = bad else {
                     continue;
                 };
                 if at >= from {
-                    return Ok(Some((at, kind)));
+                    return Ok(Some((at, kind, framed_end)));
                 }
                 // Below the verified part: the replay start was no record boundary or
                 // the log is damaged where the checkpoint vouched for it. Not this
@@ -236,10 +286,11 @@ impl CommitLog {
     /// table says so) or refuses.
     async fn judge(&self, d: Damaged, report: &mut ScanReport) -> Result<()> {
         let mut known = Known {
-            position: Some(if d.at < d.durable_below {
-                Position::BelowFlushed
+            position: Some(d.position()),
+            line: Some(if d.marked {
+                Line::Marked
             } else {
-                Position::AtOrAboveFlushed
+                Line::CheckpointOnly
             }),
             ..Known::default()
         };
@@ -266,21 +317,34 @@ impl CommitLog {
             return Err(self.refusal(d, look));
         }
         let l = self.look_past(d, &mut look).await?;
-        let Some(end) = l.data_end() else {
+        if l.data_end().is_none() {
             // Only zeros after the damage: the log simply ends there.
             return Ok(());
-        };
+        }
+        let seg_end = self.segment_start(d.at) + self.seg_bytes;
         let kept = match action {
-            Action::CutKeepInLostFound => Some(self.quarantine(d.at, end).await?),
+            Action::CutKeepInLostFound => {
+                // Everything after the damage, later segments included (in async mode
+                // a flush interval of data: streamed, not held in memory).
+                let all = self.last_data(d.at, u64::MAX).await?.unwrap_or(d.at + 1);
+                Some(self.quarantine(d.at, all).await?)
+            }
             _ => None,
         };
-        let zeroed = self.zero_range(d.at, end).await?;
+        // Later segments go first, then the damaged one's tail is zeroed: a crash in
+        // between leaves less after the damage, never more (the next recovery's look
+        // past it can only find fewer valid records, and no data farther away).
+        self.remove_segments_past(d.at)?;
+        let zeroed = match self.last_data(d.at, seg_end).await? {
+            Some(end) => self.zero_range(d.at, end).await?,
+            None => 0,
+        };
         report.truncated = Some((d.at, d.kind, zeroed));
         match kept {
             Some(kept) => tracing::error!(
                 offset = d.at, kind = %d.kind, valid_at = ?l.valid_at, zeroed, kept = %kept.display(),
-                "commit log: cut a torn tail that had valid records after a hole (unsynced writes \
-                 torn by a power loss); the cut bytes are kept"
+                "commit log: cut a torn tail that had valid records after the damage (unsynced \
+                 writes torn by a power loss, above the durable line); the cut bytes are kept"
             ),
             None => {
                 tracing::warn!(offset = d.at, kind = %d.kind, zeroed, "commit log: cut a torn tail")
@@ -292,9 +356,14 @@ impl CommitLog {
     /// The error that refuses to open at the damage (nothing was changed).
     fn refusal(&self, d: Damaged, look: Option<Look>) -> Error {
         let at = d.at;
-        let detail = if at < d.durable_below {
+        let line = if d.marked {
+            "durable flushed offset (flush mark)"
+        } else {
+            "checkpointed flushed offset"
+        };
+        let detail = if d.position() == Position::BelowFlushed {
             format!(
-                "commit-log offset {at} is below the checkpointed flushed offset {}: \
+                "commit-log offset {at} is below the {line} {}: \
                  acknowledged data is damaged; refusing to truncate it",
                 d.durable_below
             )
@@ -413,14 +482,79 @@ impl CommitLog {
     }
 
     /// Copies `[from, to)` of the log to `<root>/lost+found/commitlog-<from>` (durably)
-    /// before recovery erases it.
+    /// before recovery erases it, 8 MiB at a time. An earlier file of that name is
+    /// kept (a crash while cutting after it was written leaves less to copy the next
+    /// time): the copy goes to `commitlog-<from>.<n>`, the first `n` free.
     async fn quarantine(&self, from: u64, to: u64) -> Result<PathBuf> {
-        let data = self.read_files(from, (to - from) as usize).await?;
         let dir = self.cfg.root.join("lost+found");
-        self.cfg.disk.create_dir_all(&dir)?;
-        let path = dir.join(format!("commitlog-{}", io::offset_name(from)));
-        self.cfg.disk.write_file_durable(&path, &data)?;
+        if !self.cfg.disk.exists(&dir) {
+            self.cfg.disk.create_dir_all(&dir)?;
+            self.cfg.disk.sync_dir(&self.cfg.root)?;
+        }
+        let name = format!("commitlog-{}", io::offset_name(from));
+        let mut path = dir.join(&name);
+        let mut n = 0;
+        while self.cfg.disk.exists(&path) {
+            n += 1;
+            path = dir.join(format!("{name}.{n}"));
+        }
+        let file = self.cfg.disk.open(&path, true).await?;
+        let chunk = 8 << 20;
+        let mut off = 0;
+        while from + off < to {
+            let n = chunk.min(to - from - off);
+            let mut data = self.read_files(from + off, n as usize).await?;
+            // Past a missing segment: zeros (the copy keeps log offsets).
+            data.resize(align_up(n) as usize, 0);
+            file.write_aligned(off, &data).await?;
+            off += n;
+        }
+        file.truncate(to - from).await?;
+        file.sync().await?;
+        self.cfg.disk.sync_dir(&dir)?;
         Ok(path)
+    }
+
+    /// Where the log's data in `[from, to)` ends: one past its last non-zero byte, or
+    /// `None` when it holds only zeros (holes skipped; the last segment with data is
+    /// the only one read through).
+    async fn last_data(&self, from: u64, to: u64) -> Result<Option<u64>> {
+        let chunk = 8 << 20;
+        let starts: Vec<u64> = self
+            .segments
+            .borrow()
+            .keys()
+            .copied()
+            .filter(|s| s + self.seg_bytes > from && *s < to)
+            .collect();
+        for seg in starts.into_iter().rev() {
+            let seg_to = to.min(seg + self.seg_bytes);
+            let mut pos = from.max(seg);
+            let mut last = None;
+            while pos < seg_to {
+                match self
+                    .cfg
+                    .disk
+                    .next_data(&self.segment_path(seg), pos - seg)?
+                {
+                    None => break,
+                    Some(d) => pos = pos.max(seg + d),
+                }
+                if pos >= seg_to {
+                    break;
+                }
+                let n = chunk.min(seg_to - pos);
+                let buf = self.read_files(pos, n as usize).await?;
+                if let Some(i) = buf.iter().rposition(|b| *b != 0) {
+                    last = Some(pos + i as u64 + 1);
+                }
+                pos += n;
+            }
+            if last.is_some() {
+                return Ok(last);
+            }
+        }
+        Ok(None)
     }
 
     /// Looks past a bad record for any valid record (which would make the damage

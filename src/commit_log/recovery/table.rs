@@ -5,19 +5,43 @@
 //!
 //! The inputs are the facts the scan can establish about the damage, each cheap to
 //! name and some costly to learn (a read past the damage, a look for data beyond a
-//! pool, a read of the damaged bytes). The scan learns them in order (position, what
-//! follows, reach, damage) and stops as soon as the facts known settle the action
+//! pool, a read of the damaged bytes). The scan learns them in order (position, line,
+//! what follows, reach, damage) and stops as soon as the facts known settle the action
 //! ([`Known::settled`]), so changing a row also changes what the scan reads, with no
 //! second copy of the rules.
+//!
+//! The refuse line is the durable flushed offset: the higher of the checkpoint's and
+//! the flush mark's (`commit_log/flush_mark.rs`), which is recorded as flushes happen.
+//! With a mark, nothing above the line was acknowledged as durable (async mode: exact;
+//! sync mode: but for the mark's lag, about `flush_mark_interval`), so damage above it
+//! is a torn tail whatever follows. Without one (a RocketMQ store root, an older
+//! coremq store, a lost or damaged mark), the checkpoint's line may lie up to a second
+//! behind acknowledged sync puts, and only a hole whose data ends within one write pool
+//! is taken as torn ([`Reach`]): an acknowledged record's durable write covered every
+//! byte before it, and a sync round covers at most the pool.
 
-/// Where the damage lies relative to the refuse line: the checkpoint's flushed offset
+/// Where the damaged record lies relative to the refuse line
 /// (`RecoverPlan::durable_below`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Position {
-    /// Below it: the checkpoint vouched for these bytes (acknowledged data).
+    /// It ends at or below the line: durable bytes, acknowledged data. (A damaged
+    /// record starting below the line counts as ending below it unless its own,
+    /// mutually consistent length fields say it reaches past the line: a line from a
+    /// build whose rounds could end inside a record, with that record's tail torn.)
     BelowFlushed,
-    /// At or above it.
+    /// It starts at the line or reaches past it.
     AtOrAboveFlushed,
+}
+
+/// What the refuse line is known from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Line {
+    /// The shard's flush mark: nothing above the line was acknowledged as durable (in
+    /// sync mode, but for the mark's lag).
+    Marked,
+    /// The checkpoint alone (or nothing: 0): acknowledged sync puts may lie above it,
+    /// within one pool of the log's end.
+    CheckpointOnly,
 }
 
 /// What lies after the damage.
@@ -33,7 +57,7 @@ pub(crate) enum After {
 /// How far the log's data (its non-zero bytes, and the valid record found) reaches past
 /// the damage, against one write pool (`write_buffer_bytes * write_buffer_count`): the
 /// most one sync round can leave unsynced, since an acknowledged record's fdatasync
-/// covered every byte before it.
+/// covered every byte before it. Only asked when the line is the checkpoint's alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reach {
     /// Every byte after the damage lies within one pool of it.
@@ -59,6 +83,7 @@ pub(crate) enum Damage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Finding {
     pub position: Position,
+    pub line: Line,
     pub after: After,
     pub reach: Reach,
     pub damage: Damage,
@@ -81,25 +106,32 @@ pub(crate) fn decide(f: Finding) -> Action {
     use Action::*;
     use After::*;
     use Damage::*;
+    use Line::*;
     use Position::*;
     use Reach::*;
-    match (f.position, f.after, f.reach, f.damage) {
+    match (f.position, f.line, f.after, f.reach, f.damage) {
         // "refuses with `Error::Corrupt` (naming file and offset) when a damaged record
-        // lies below the checkpoint's flushed offset"
-        (BelowFlushed, _, _, _) => Refuse,
+        // lies below the durable flushed offset"
+        (BelowFlushed, _, _, _, _) => Refuse,
         // "cuts a torn tail (erasing the junk after it)": nothing valid follows.
-        (AtOrAboveFlushed, NothingValid, _, _) => Cut,
-        // "Such a hole (a damaged record with a zeroed 512-byte sector part) followed
-        // by valid records is a torn tail when every byte after it lies within one
-        // write pool of it [...]; it is cut like any torn tail and the cut bytes are
-        // kept in `<root>/lost+found/commitlog-<offset>`."
-        (AtOrAboveFlushed, ValidRecord, WithinOnePool, ZeroedSector) => CutKeepInLostFound,
-        // "or is a fully written record that fails its checksum with valid records
-        // after it: RocketMQ would silently truncate acknowledged data there."
-        (AtOrAboveFlushed, ValidRecord, _, FullyWritten) => Refuse,
+        (AtOrAboveFlushed, _, NothingValid, _, _) => Cut,
+        // "With a flush mark, damage above the line followed by valid records is a
+        // torn tail too: it is cut and the cut bytes are kept in
+        // `<root>/lost+found/commitlog-<offset>`."
+        (AtOrAboveFlushed, Marked, ValidRecord, _, _) => CutKeepInLostFound,
+        // "Without a mark, such a hole (a damaged record with a zeroed 512-byte sector
+        // part) followed by valid records is a torn tail when every byte after it lies
+        // within one write pool of it [...]; it is cut and kept the same way."
+        (AtOrAboveFlushed, CheckpointOnly, ValidRecord, WithinOnePool, ZeroedSector) => {
+            CutKeepInLostFound
+        }
+        // "or, without a mark, is a fully written record that fails its checksum with
+        // valid records after it: RocketMQ would silently truncate acknowledged data
+        // there."
+        (AtOrAboveFlushed, CheckpointOnly, ValidRecord, _, FullyWritten) => Refuse,
         // A hole whose data reaches a pool or more past it is not that torn tail: a
         // record after it was acknowledged, and its fdatasync covered the hole.
-        (AtOrAboveFlushed, ValidRecord, BeyondOnePool, ZeroedSector) => Refuse,
+        (AtOrAboveFlushed, CheckpointOnly, ValidRecord, BeyondOnePool, ZeroedSector) => Refuse,
     }
 }
 
@@ -107,17 +139,21 @@ impl Finding {
     /// Every finding there can be.
     pub(crate) fn all() -> impl Iterator<Item = Finding> {
         let positions = [Position::BelowFlushed, Position::AtOrAboveFlushed];
+        let lines = [Line::Marked, Line::CheckpointOnly];
         let afters = [After::NothingValid, After::ValidRecord];
         let reaches = [Reach::WithinOnePool, Reach::BeyondOnePool];
         let damages = [Damage::ZeroedSector, Damage::FullyWritten];
         positions.into_iter().flat_map(move |position| {
-            afters.into_iter().flat_map(move |after| {
-                reaches.into_iter().flat_map(move |reach| {
-                    damages.into_iter().map(move |damage| Finding {
-                        position,
-                        after,
-                        reach,
-                        damage,
+            lines.into_iter().flat_map(move |line| {
+                afters.into_iter().flat_map(move |after| {
+                    reaches.into_iter().flat_map(move |reach| {
+                        damages.into_iter().map(move |damage| Finding {
+                            position,
+                            line,
+                            after,
+                            reach,
+                            damage,
+                        })
                     })
                 })
             })
@@ -129,6 +165,7 @@ impl Finding {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Known {
     pub position: Option<Position>,
+    pub line: Option<Line>,
     pub after: Option<After>,
     pub reach: Option<Reach>,
     pub damage: Option<Damage>,
@@ -145,6 +182,7 @@ impl Known {
 
     fn admits(&self, f: &Finding) -> bool {
         self.position.is_none_or(|v| v == f.position)
+            && self.line.is_none_or(|v| v == f.line)
             && self.after.is_none_or(|v| v == f.after)
             && self.reach.is_none_or(|v| v == f.reach)
             && self.damage.is_none_or(|v| v == f.damage)
@@ -157,6 +195,7 @@ mod tests {
     use Action::*;
     use After::*;
     use Damage::*;
+    use Line::*;
     use Position::*;
     use Reach::*;
 
@@ -164,24 +203,29 @@ mod tests {
 
     /// README's rules, written as predicates independently of `decide`'s patterns: one
     /// per row, with the action the README promises.
-    const ROWS: [(&str, Rule, Action); 5] = [
-        (
-            "damage below the checkpoint's flushed offset",
-            below,
-            Refuse,
-        ),
+    const ROWS: [(&str, Rule, Action); 6] = [
+        ("damage below the durable flushed offset", below, Refuse),
         ("torn tail: nothing valid after it", torn_tail, Cut),
         (
-            "hole within one pool with valid records after",
+            "marked line: damage above it with valid records after",
+            marked_tear,
+            CutKeepInLostFound,
+        ),
+        (
+            "checkpoint only: hole within one pool with valid records after",
             torn_hole,
             CutKeepInLostFound,
         ),
         (
-            "fully written damage with valid records after",
+            "checkpoint only: fully written damage with valid records after",
             written,
             Refuse,
         ),
-        ("hole with data beyond one pool", hole_beyond_pool, Refuse),
+        (
+            "checkpoint only: hole with data beyond one pool",
+            hole_beyond_pool,
+            Refuse,
+        ),
     ];
 
     fn below(f: &Finding) -> bool {
@@ -190,17 +234,25 @@ mod tests {
     fn torn_tail(f: &Finding) -> bool {
         f.position == AtOrAboveFlushed && f.after == NothingValid
     }
+    fn marked_tear(f: &Finding) -> bool {
+        f.position == AtOrAboveFlushed && f.line == Marked && f.after == ValidRecord
+    }
     fn torn_hole(f: &Finding) -> bool {
         f.position == AtOrAboveFlushed
+            && f.line == CheckpointOnly
             && f.after == ValidRecord
             && f.reach == WithinOnePool
             && f.damage == ZeroedSector
     }
     fn written(f: &Finding) -> bool {
-        f.position == AtOrAboveFlushed && f.after == ValidRecord && f.damage == FullyWritten
+        f.position == AtOrAboveFlushed
+            && f.line == CheckpointOnly
+            && f.after == ValidRecord
+            && f.damage == FullyWritten
     }
     fn hole_beyond_pool(f: &Finding) -> bool {
         f.position == AtOrAboveFlushed
+            && f.line == CheckpointOnly
             && f.after == ValidRecord
             && f.reach == BeyondOnePool
             && f.damage == ZeroedSector
@@ -218,32 +270,37 @@ mod tests {
 
     #[test]
     fn damage_below_the_flushed_offset_is_refused_whatever_follows() {
-        check_row(0, 8);
+        check_row(0, 16);
     }
 
     #[test]
     fn damage_with_nothing_valid_after_it_is_cut() {
-        check_row(1, 4);
+        check_row(1, 8);
     }
 
     #[test]
-    fn a_hole_within_one_pool_of_the_end_is_cut_and_kept() {
-        check_row(2, 1);
+    fn with_a_mark_damage_above_the_line_before_valid_records_is_cut_and_kept() {
+        check_row(2, 4);
     }
 
     #[test]
-    fn fully_written_damage_with_valid_records_after_is_refused() {
-        check_row(3, 2);
+    fn without_a_mark_a_hole_within_one_pool_of_the_end_is_cut_and_kept() {
+        check_row(3, 1);
     }
 
     #[test]
-    fn a_hole_with_data_beyond_one_pool_is_refused() {
-        check_row(4, 1);
+    fn without_a_mark_fully_written_damage_with_valid_records_after_is_refused() {
+        check_row(4, 2);
+    }
+
+    #[test]
+    fn without_a_mark_a_hole_with_data_beyond_one_pool_is_refused() {
+        check_row(5, 1);
     }
 
     #[test]
     fn every_finding_matches_exactly_one_row() {
-        assert_eq!(Finding::all().count(), 16);
+        assert_eq!(Finding::all().count(), 32);
         for f in Finding::all() {
             let rows: Vec<_> = ROWS.iter().filter(|(_, rule, _)| rule(&f)).collect();
             assert_eq!(
@@ -258,7 +315,8 @@ mod tests {
 
     /// The scan learns facts in order and stops once settled: damage below the line
     /// needs no read past it, a tail with nothing valid after it no look beyond a
-    /// pool, and only a hole within one pool needs its bytes read.
+    /// pool, a marked line no reach and no read of the damaged bytes, and only a hole
+    /// within one pool under a checkpoint-only line needs its bytes read.
     #[test]
     fn the_scan_learns_only_what_the_table_needs() {
         let mut k = Known::default();
@@ -267,17 +325,26 @@ mod tests {
         assert_eq!(k.settled(), Some(Refuse));
         k.position = Some(AtOrAboveFlushed);
         assert_eq!(k.settled(), None);
-        k.after = Some(NothingValid);
-        assert_eq!(k.settled(), Some(Cut));
-        k.after = Some(ValidRecord);
-        assert_eq!(k.settled(), None);
-        k.reach = Some(BeyondOnePool);
-        assert_eq!(k.settled(), Some(Refuse));
-        k.reach = Some(WithinOnePool);
-        assert_eq!(k.settled(), None);
-        k.damage = Some(ZeroedSector);
-        assert_eq!(k.settled(), Some(CutKeepInLostFound));
-        k.damage = Some(FullyWritten);
-        assert_eq!(k.settled(), Some(Refuse));
+        for line in [Marked, CheckpointOnly] {
+            k.line = Some(line);
+            assert_eq!(k.settled(), None, "{line:?}");
+            k.after = Some(NothingValid);
+            assert_eq!(k.settled(), Some(Cut), "{line:?}");
+            k.after = Some(ValidRecord);
+            if line == Marked {
+                assert_eq!(k.settled(), Some(CutKeepInLostFound));
+                k.after = None;
+                continue;
+            }
+            assert_eq!(k.settled(), None);
+            k.reach = Some(BeyondOnePool);
+            assert_eq!(k.settled(), Some(Refuse));
+            k.reach = Some(WithinOnePool);
+            assert_eq!(k.settled(), None);
+            k.damage = Some(ZeroedSector);
+            assert_eq!(k.settled(), Some(CutKeepInLostFound));
+            k.damage = Some(FullyWritten);
+            assert_eq!(k.settled(), Some(Refuse));
+        }
     }
 }

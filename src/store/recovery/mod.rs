@@ -4,15 +4,17 @@
 //! [`OpenReport::phases`]):
 //!
 //! 1. [`open_log`] ("start"): lock the root, read `abort` and the checkpoint, open the
-//!    CommitLog's segments (nothing read yet).
+//!    CommitLog's segments (nothing read yet) and read its flush mark.
 //! 2. [`open_structures`] ("key index and queues"): the key index opens (repaired after
 //!    a crash) while the ConsumeQueues load, 16 at a time: both are chains of small
 //!    dependent I/Os, and together they took this step from 0.4-0.7 s to 0.02-0.17 s per
 //!    shard (scenario 7). Nothing is cut: the log's end is not known yet. The table's
 //!    first rows pick where the queues resume; the key index resumes at its own durable
 //!    point ([`crate::index::IndexService::resume_point`]), which needs no row.
-//! 3. [`scan_and_dispatch`] ("scan and dispatch"): `CommitLog::recover` verifies the log
-//!    and hands every record from the lower of the two resume points to [`Replay`]:
+//! 3. [`scan_and_dispatch`] ("scan and dispatch"): `CommitLog::recover` verifies the log,
+//!    judging damage against the durable flushed offset (the higher of the checkpoint's
+//!    and the flush mark's: the mark is recorded as flushes happen, the checkpoint up to
+//!    a second later), leaves the mark at the end it keeps, and hands every record from the lower of the two resume points to [`Replay`]:
 //!    queue entries for records at or past the queues' point, key-index entries for
 //!    records at or past the index's, so no structure takes a record twice. Only records
 //!    below the end the scan keeps reach it (a torn tail is cut; damage refuses the open,
@@ -264,13 +266,17 @@ fn queue_files(queues: &QueueTable, cp: Option<&Checkpoint>, damaged: bool) -> Q
 /// Phase 3: the log verified (a torn tail cut, damage refused) while its records go to
 /// the queues and the key index from their resume points.
 async fn scan_and_dispatch(inner: &Inner, rec: &mut Recovery) -> Result<()> {
-    let (scan_from, durable_below) = rec.cp.as_ref().map_or((0, 0), |cp| {
+    let (scan_from, cp_flushed) = rec.cp.as_ref().map_or((0, 0), |cp| {
         let flushed = cp.log_flushed_offset;
         (cp.dispatch_safe_offset.min(flushed), flushed)
     });
+    // The refuse line: the durable flushed offset, as the flush mark recorded it while
+    // the log was flushed (up to a second past the checkpoint's), or the checkpoint's.
+    let mark = inner.log.flush_mark();
     let plan = RecoverPlan {
         scan_from,
-        durable_below,
+        durable_below: cp_flushed.max(mark.unwrap_or(0)),
+        marked: mark.is_some(),
         trust_end: rec.clean && rec.cp.is_some(),
         replay_from: rec.queues_from.min(rec.index_from),
     };
