@@ -61,9 +61,11 @@ fn ownership_is_stable_and_spreads() {
         spread.len() >= 3,
         "8 queues should land on most of 4 shards: {spread:?}"
     );
-    let mut h = crc32fast::Hasher::new();
-    h.update(b"Orders\0\0\0\0\x03");
-    assert_eq!(shard_of("Orders", 3, 7), h.finalize() as usize % 7);
+    // (crc32(topic) + queue) % shards: a topic's queues round robin over the shards.
+    let t = crc32fast::hash(b"Orders") as usize;
+    assert_eq!(shard_of("Orders", 3, 7), (t + 3) % 7);
+    let on_two: Vec<usize> = (0..4).map(|q| shard_of("Orders", q, 2)).collect();
+    assert_eq!(on_two.iter().filter(|s| **s == 0).count(), 2, "{on_two:?}");
 }
 
 #[test]

@@ -35,6 +35,10 @@ impl Route for ShardContext {
         self.handle.shards()
     }
 
+    fn owner(&self, topic: &str, queue_id: i32) -> usize {
+        self.handle.shard_of(topic, queue_id)
+    }
+
     async fn run_at<A, T, F>(&self, shard: usize, args: &A, f: F) -> Result<T>
     where
         A: ?Sized + ToOwned,

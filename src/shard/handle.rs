@@ -19,7 +19,7 @@
 //!   error rather than waiting for ever.
 
 use super::ops::Route;
-use super::ownership::shard_of;
+use super::ownership::Ownership;
 use crate::error::{Error, Result};
 use crate::store::Store;
 use std::borrow::Borrow;
@@ -41,6 +41,8 @@ pub(super) type Inbox = flume::Receiver<Request>;
 
 pub(super) struct Shared {
     senders: Vec<flume::Sender<Request>>,
+    /// The store's ownership rule (`store.meta`).
+    ownership: Ownership,
     /// Cleared when a shard's thread ends (even by a panic), see `sharded_store::Alive`.
     pub(super) alive: Vec<AtomicBool>,
     closed: AtomicBool,
@@ -59,10 +61,15 @@ pub struct Handle {
 impl Handle {
     /// A handle to `shards` shards whose channels hold `capacity` requests each, and the
     /// shards' ends of those channels.
-    pub(super) fn new(shards: usize, capacity: usize) -> (Handle, Vec<Inbox>) {
+    pub(super) fn new(
+        shards: usize,
+        capacity: usize,
+        ownership: Ownership,
+    ) -> (Handle, Vec<Inbox>) {
         let (senders, inboxes) = (0..shards).map(|_| flume::bounded(capacity)).unzip();
         let shared = Shared {
             senders,
+            ownership,
             alive: (0..shards).map(|_| AtomicBool::new(true)).collect(),
             closed: AtomicBool::new(false),
         };
@@ -87,7 +94,14 @@ impl Handle {
 
     /// The shard owning `(topic, queue_id)`.
     pub fn shard_of(&self, topic: &str, queue_id: i32) -> usize {
-        shard_of(topic, queue_id, self.shards())
+        self.shared
+            .ownership
+            .shard_of(topic, queue_id, self.shards())
+    }
+
+    /// The store's ownership rule, as its `store.meta` records it.
+    pub fn ownership(&self) -> Ownership {
+        self.shared.ownership
     }
 
     /// Refuses every later request with [`Error::ShutDown`].
@@ -111,6 +125,10 @@ impl Handle {
 impl Route for Handle {
     fn shards(&self) -> usize {
         Handle::shards(self)
+    }
+
+    fn owner(&self, topic: &str, queue_id: i32) -> usize {
+        self.shard_of(topic, queue_id)
     }
 
     fn run_at<A, T, F>(&self, shard: usize, args: &A, f: F) -> impl Future<Output = Result<T>>

@@ -5,7 +5,7 @@
 //! is coremq's, and each shard is one `DefaultMessageStore` (a `Store` under
 //! `<root>/shard-<i>/`, laid out as a RocketMQ store root).
 //!
-//! * `ownership`: which shard owns a queue (`crc32(topic, 0, queue) % shards`) and
+//! * `ownership`: which shard owns a queue (`(crc32(topic) + queue) % shards`, by the rule `store.meta` records) and
 //!   which shard a commit-log offset or message id names (`offset >> 56`).
 //! * `meta`: `<root>/store.meta`, the format version and the shard count, fixed at
 //!   creation.
@@ -31,5 +31,5 @@ pub use context::ShardContext;
 pub use handle::Handle;
 pub use meta::META_FORMAT_VERSION;
 pub use ops::{Route, ShardStatus, StoreOps};
-pub use ownership::{MAX_SHARDS, SHARD_SHIFT, shard_of, shard_of_offset};
+pub use ownership::{MAX_SHARDS, Ownership, SHARD_SHIFT, shard_of, shard_of_offset};
 pub use sharded_store::{ShardedConfig, ShardedStore};

@@ -18,7 +18,7 @@
 //! [`Error::ShutDown`], [`Error::ShardUnavailable`], or `BadRequest` for a shard that
 //! does not exist.
 
-use super::ownership::{shard_of, shard_of_offset};
+use super::ownership::shard_of_offset;
 use crate::error::{Error, Result};
 use crate::format::msg_id::MessageId;
 use crate::message::*;
@@ -29,6 +29,9 @@ use std::future::Future;
 pub trait Route {
     /// How many shards the store has.
     fn shards(&self) -> usize;
+
+    /// The shard that owns `(topic, queue_id)`, by the store's ownership rule.
+    fn owner(&self, topic: &str, queue_id: i32) -> usize;
 
     /// Runs `f(store, args)` on `shard`'s executor and returns its result.
     ///
@@ -70,7 +73,7 @@ pub struct ShardStatus {
 pub trait StoreOps: Route {
     /// Stores one message on the shard that owns its queue.
     async fn put(&self, msg: Message) -> PutResult {
-        let shard = shard_of(&msg.topic, msg.queue_id, self.shards());
+        let shard = self.owner(&msg.topic, msg.queue_id);
         self.run_at(shard, &(), async move |s, _| s.put(msg).await)
             .await
             .unwrap_or_else(|_| PutResult::refused(PutStatus::ServiceNotAvailable))
@@ -95,9 +98,8 @@ pub trait StoreOps: Route {
                 None => groups.push((vec![i], vec![m])),
             }
         }
-        let shards = self.shards();
         let futs = groups.into_iter().map(|(idx, ms)| {
-            let shard = shard_of(&ms[0].topic, ms[0].queue_id, shards);
+            let shard = self.owner(&ms[0].topic, ms[0].queue_id);
             async move {
                 let r = self
                     .run_at(shard, &(), async move |s, _| s.put_batch(&ms).await)
@@ -131,7 +133,7 @@ pub trait StoreOps: Route {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<GetResult> {
-        let shard = shard_of(topic, queue_id, self.shards());
+        let shard = self.owner(topic, queue_id);
         self.run_at(shard, topic, async move |s, topic| {
             s.get(topic, queue_id, offset, max_count, max_bytes).await
         })
@@ -169,7 +171,7 @@ pub trait StoreOps: Route {
         topic: &str,
         queue_id: i32,
     ) -> Result<(QueueOffset, QueueOffset)> {
-        let shard = shard_of(topic, queue_id, self.shards());
+        let shard = self.owner(topic, queue_id);
         self.run_at(shard, topic, async move |s, topic| {
             (
                 s.min_queue_offset(topic, queue_id),
@@ -187,7 +189,7 @@ pub trait StoreOps: Route {
         queue_id: i32,
         ts_ms: i64,
     ) -> Result<QueueOffset> {
-        let shard = shard_of(topic, queue_id, self.shards());
+        let shard = self.owner(topic, queue_id);
         self.run_at(shard, topic, async move |s, topic| {
             s.queue_offset_by_time(topic, queue_id, ts_ms).await
         })
@@ -196,7 +198,7 @@ pub trait StoreOps: Route {
 
     /// Store time of the queue's first message, or -1 when it has none.
     async fn earliest_message_time(&self, topic: &str, queue_id: i32) -> Result<i64> {
-        let shard = shard_of(topic, queue_id, self.shards());
+        let shard = self.owner(topic, queue_id);
         self.run_at(shard, topic, async move |s, topic| {
             s.earliest_message_time(topic, queue_id).await
         })

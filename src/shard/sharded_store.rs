@@ -123,8 +123,8 @@ impl ShardedStore {
         // Durable with its parents: the shards' directories are entries in it.
         crate::io::Disk::Real.create_dir_all(&cfg.root)?;
         let lock = crate::io::lock_root(&cfg.root)?;
-        read_or_create_meta(&cfg.root, cfg.shards)?;
-        let (handle, inboxes) = Handle::new(cfg.shards, cfg.channel_capacity);
+        let ownership = read_or_create_meta(&cfg.root, cfg.shards)?;
+        let (handle, inboxes) = Handle::new(cfg.shards, cfg.channel_capacity, ownership);
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);

@@ -128,7 +128,7 @@ pub struct LoadConfig {
     /// Topics (BenchTopic0, BenchTopic1, ...)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub topics: u32,
-    /// Queues per topic (0..N); queue q of topic t belongs to shard crc32(t, q) % shards
+    /// Queues per topic (0..N); queue q of topic t belongs to the shard the store's ownership rule names ((crc32(t) + q) % shards in a new store)
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub queues: u32,
     /// Instead of --queues: the first N queue ids of each topic that each shard owns,

@@ -50,8 +50,8 @@ pub(super) fn run(
     if cfg.keys == 0 {
         return Err("--mode key-queries needs --keys 1 or more".into());
     }
-    let plan = Plan::new(cfg, shards, Vec::new())?;
     let store = open_store(cfg, dir, shards, cfg.store_template(dir))?;
+    let plan = Plan::new(cfg, store.handle().ownership(), shards, Vec::new())?;
     let done = [AtomicU64::new(0), AtomicU64::new(0)];
     let handle = store.handle();
     let r = with_progress("queries", &done, cfg.quiet, || {

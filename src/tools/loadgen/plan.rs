@@ -7,7 +7,7 @@
 //! mode rebuilds it to know which queue each key went to.
 
 use super::config::{LoadConfig, Via};
-use crate::shard::shard_of;
+use crate::shard::Ownership;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -65,8 +65,13 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    pub fn new(cfg: &LoadConfig, shards: usize, pattern: Vec<u8>) -> Result<Plan, String> {
-        let all = queue_layout(cfg, shards)?;
+    pub fn new(
+        cfg: &LoadConfig,
+        ownership: Ownership,
+        shards: usize,
+        pattern: Vec<u8>,
+    ) -> Result<Plan, String> {
+        let all = queue_layout(cfg, ownership, shards)?;
         let owned: Vec<Arc<Vec<QueueRef>>> = (0..shards)
             .map(|s| Arc::new(all.iter().filter(|q| q.shard == s).cloned().collect()))
             .collect();
@@ -151,13 +156,17 @@ impl Plan {
 /// The queues of the run in topic then queue-id order, each with its shard: topic
 /// `BenchTopic<t>`'s ids `0..--queues`, or with `--queues-per-shard N` the first N ids
 /// each shard owns.
-fn queue_layout(cfg: &LoadConfig, shards: usize) -> Result<Vec<QueueRef>, String> {
+fn queue_layout(
+    cfg: &LoadConfig,
+    ownership: Ownership,
+    shards: usize,
+) -> Result<Vec<QueueRef>, String> {
     let mut all = Vec::new();
     for t in 0..cfg.topics {
         let topic = format!("BenchTopic{t}");
         let Some(per_shard) = cfg.queues_per_shard else {
             all.extend((0..cfg.queues as i32).map(|id| QueueRef {
-                shard: shard_of(&topic, id, shards),
+                shard: ownership.shard_of(&topic, id, shards),
                 topic: topic.clone(),
                 id,
             }));
@@ -172,7 +181,7 @@ fn queue_layout(cfg: &LoadConfig, shards: usize) -> Result<Vec<QueueRef>, String
                     "no {per_shard} queue ids below 65536 for each of {shards} shards"
                 ));
             }
-            let shard = shard_of(&topic, id, shards);
+            let shard = ownership.shard_of(&topic, id, shards);
             if have[shard] < per_shard {
                 have[shard] += 1;
                 all.push(QueueRef {
@@ -200,9 +209,13 @@ mod tests {
 
     #[test]
     fn queues_belong_to_the_shard_the_store_routes_to() {
-        let plan = Plan::new(&cfg(3), 3, Vec::new()).unwrap();
+        let plan = Plan::new(&cfg(3), Ownership::CURRENT, 3, Vec::new()).unwrap();
         for (s, queues) in plan.owned.iter().enumerate() {
-            assert!(queues.iter().all(|q| shard_of(&q.topic, q.id, 3) == s));
+            assert!(
+                queues
+                    .iter()
+                    .all(|q| crate::shard::shard_of(&q.topic, q.id, 3) == s)
+            );
         }
         assert_eq!(plan.queue_counts().iter().sum::<usize>(), 64);
         // Producers run on the shard owning their queues.
@@ -218,7 +231,7 @@ mod tests {
             topics: 2,
             ..cfg(4)
         };
-        let plan = Plan::new(&c, 4, Vec::new()).unwrap();
+        let plan = Plan::new(&c, Ownership::CURRENT, 4, Vec::new()).unwrap();
         assert_eq!(plan.queue_counts(), vec![4, 4, 4, 4]);
         assert_eq!(plan.producers.len(), 4);
     }
@@ -232,7 +245,7 @@ mod tests {
                 via,
                 ..cfg(3)
             };
-            let plan = Plan::new(&c, 3, Vec::new()).unwrap();
+            let plan = Plan::new(&c, Ownership::CURRENT, 3, Vec::new()).unwrap();
             let n = plan.producers.len();
             assert_eq!(n, if via == Via::Local { 6 } else { 2 });
             let sum: u64 = (0..n).map(|g| plan.quota(g).unwrap()).sum();
@@ -242,14 +255,17 @@ mod tests {
 
     #[test]
     fn shards_without_queues_run_no_producers() {
-        // Queues 0 and 1 of BenchTopic0 both belong to shard 0 of 2.
+        // One queue: one shard of two owns it, the other owns none.
         let c = LoadConfig {
-            queues: 2,
+            queues: 1,
             ..cfg(2)
         };
-        let plan = Plan::new(&c, 2, Vec::new()).unwrap();
-        assert_eq!(plan.queue_counts(), vec![2, 0]);
-        assert_eq!(plan.producers_on(1).count(), 0);
+        let plan = Plan::new(&c, Ownership::CURRENT, 2, Vec::new()).unwrap();
+        let owner = crate::shard::shard_of("BenchTopic0", 0, 2);
+        let mut counts = vec![0, 0];
+        counts[owner] = 1;
+        assert_eq!(plan.queue_counts(), counts);
+        assert_eq!(plan.producers_on(1 - owner).count(), 0);
         assert_eq!(plan.producers.len(), 1);
     }
 }

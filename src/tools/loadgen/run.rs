@@ -62,7 +62,8 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
     let mut rng = Rng::new(0xC0FF_EE00);
     let pattern_len = cfg.body.max.max(4096) + 64 * 1024;
     let pattern = (0..pattern_len).map(|_| rng.next() as u8).collect();
-    let plan = Arc::new(Plan::new(cfg, shards, pattern)?);
+    let store = open_store(cfg, &data_dir, shards, cfg.store_template(&data_dir))?;
+    let plan = Arc::new(Plan::new(cfg, store.handle().ownership(), shards, pattern)?);
     let idle: Vec<usize> = (0..shards).filter(|&s| plan.owned[s].is_empty()).collect();
     if !idle.is_empty() && !cfg.quiet {
         eprintln!(
@@ -71,7 +72,6 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
             plan.queue_counts()
         );
     }
-    let store = open_store(cfg, &data_dir, shards, cfg.store_template(&data_dir))?;
     let slave = match cfg.slave {
         true => Some(super::replica::start_slave(cfg, &store, &data_dir)?),
         false => None,
