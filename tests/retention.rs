@@ -361,3 +361,137 @@ fn space_levels_force_then_expire() {
         store.shutdown().await.unwrap();
     });
 }
+
+#[cfg(feature = "tools")]
+fn inspect_clean(root: &Path) {
+    let rep = coremq::tools::inspect::check(root).unwrap();
+    assert!(rep.is_clean(), "inspect check: {:?}", rep.problems);
+}
+#[cfg(not(feature = "tools"))]
+fn inspect_clean(_: &Path) {}
+
+/// Delete topic: its queues go at once (gets answer no queue, key queries find
+/// nothing), other topics stay, its records stay in the log (a look-up by id still
+/// finds them, as in RocketMQ) until retention; after reopening, also with the
+/// queues rebuilt from the whole log (checkpoint lost), it stays deleted; made again,
+/// it starts at queue offset 0.
+#[test]
+fn delete_topic_removes_its_queues_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    common::run(move || async move {
+        let c = cfg(&root);
+        let store = Store::open(c.clone()).await.unwrap();
+        let t1 = put_n(&store, "T1", 0, 0, 300).await;
+        put_n(&store, "T1", 1, 300, 300).await;
+        let t2 = put_n(&store, "T2", 0, 0, 300).await;
+        assert_eq!(store.delete_topic("T1").await.unwrap(), 2);
+        assert_eq!(store.delete_topic("T1").await.unwrap(), 0, "already gone");
+        assert!(!root.join("consumequeue/T1").exists());
+        let check = |store: Store| async move {
+            for q in [0, 1] {
+                let r = store.get("T1", q, 0, 8, 1 << 20).await.unwrap();
+                assert_eq!(r.status, GetStatus::NoMatchedLogicQueue);
+            }
+            let hits = store
+                .query_by_key("T1", "k5", 8, 0, i64::MAX)
+                .await
+                .unwrap();
+            assert!(hits.is_empty(), "deleted topic's key found");
+            assert_eq!(common::read_all(&store, "T2", 0).await.len(), 300);
+            assert_eq!(
+                store
+                    .query_by_key("T2", "k5", 8, 0, i64::MAX)
+                    .await
+                    .unwrap()
+                    .len(),
+                1
+            );
+            store
+        };
+        let store = check(store).await;
+        assert!(store.look_by_msg_id(&t1[3]).await.unwrap().is_some());
+        assert_eq!(store.deleted_topics().len(), 1);
+        store.shutdown().await.unwrap();
+        inspect_clean(&root);
+
+        let store = check(Store::open(c.clone()).await.unwrap()).await;
+        store.shutdown().await.unwrap();
+        // The queues rebuilt from the whole log: T1's records stay out.
+        std::fs::remove_file(root.join("checkpoint")).unwrap();
+        std::fs::remove_dir_all(root.join("consumequeue/T2")).unwrap();
+        let store = check(Store::open(c.clone()).await.unwrap()).await;
+        // Made again: new queues from offset 0.
+        let r = store
+            .put(Message::new("T1", 0, "again").with_keys("k5"))
+            .await;
+        assert_eq!((r.status, r.queue_offset), (PutStatus::PutOk, 0));
+        store.wait_dispatched().await;
+        let got = common::read_all(&store, "T1", 0).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(&got[0].body[..], b"again");
+        let hits = store
+            .query_by_key("T1", "k5", 8, 0, i64::MAX)
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 1, "only the new message");
+        store.shutdown().await.unwrap();
+        inspect_clean(&root);
+        let store = Store::open(c.clone()).await.unwrap();
+        assert_eq!(common::read_all(&store, "T1", 0).await.len(), 1);
+        assert!(store.look_by_msg_id(&t2[0]).await.unwrap().is_some());
+        store.shutdown().await.unwrap();
+    });
+}
+
+/// Retention forgets a deleted topic once every record it hid is gone.
+#[test]
+fn deleted_topics_are_forgotten_once_their_records_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    common::run(move || async move {
+        let store = Store::open(cfg(&root)).await.unwrap();
+        put_n(&store, "Gone", 0, 0, 1000).await;
+        store.delete_topic("Gone").await.unwrap();
+        put_n(&store, "Old", 0, 0, 1000).await;
+        settle(&store).await;
+        std::thread::sleep(Duration::from_millis(1600));
+        put_n(&store, "Live", 0, 0, 700).await;
+        settle(&store).await;
+        assert_eq!(store.deleted_topics().len(), 1);
+        let rep = store.delete_expired_files().await.unwrap();
+        assert!(rep.log_min > 1000 * 2100, "{rep:?}");
+        assert!(store.deleted_topics().is_empty());
+        store.shutdown().await.unwrap();
+        inspect_clean(&root);
+    });
+}
+
+/// `cleanUnusedTopic`: topics not kept go, system, retry and dead-letter topics stay.
+#[test]
+fn clean_unused_topics_keeps_what_is_listed_and_system_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    common::run(move || async move {
+        let store = Store::open(cfg(&root)).await.unwrap();
+        for t in [
+            "Keep",
+            "Drop1",
+            "Drop2",
+            "%RETRY%G",
+            "%DLQ%G",
+            "SCHEDULE_TOPIC_XXXX",
+        ] {
+            put_n(&store, t, 0, 0, 3).await;
+        }
+        let keep = ["Keep".to_string()].into_iter().collect();
+        let gone = store.clean_unused_topics(&keep).await.unwrap();
+        assert_eq!(gone, vec!["Drop1".to_string(), "Drop2".to_string()]);
+        let mut left = store.queues();
+        left.sort();
+        let names: Vec<&str> = left.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(names, ["%DLQ%G", "%RETRY%G", "Keep", "SCHEDULE_TOPIC_XXXX"]);
+        store.shutdown().await.unwrap();
+        inspect_clean(&root);
+    });
+}
