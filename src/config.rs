@@ -159,6 +159,108 @@ pub struct StoreConfig {
     pub commit_log_prewrite_bytes: Option<u64>,
     /// Replication: this store's role and the HA protocol's limits (see `crate::ha`).
     pub ha: HaConfig,
+    /// Retention: when segments, queue files and index files are deleted (see
+    /// `crate::clean`).
+    pub retention: RetentionConfig,
+}
+
+/// Retention (RocketMQ's `CleanCommitLogService` and `CleanConsumeQueueService`
+/// settings; see `crate::clean` for what each rule does). The disk-full level that
+/// refuses puts is `StoreConfig::disk_full_ratio`.
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    /// A segment whose newest record is older than this is expired (RocketMQ
+    /// `fileReservedTime`: 72 h).
+    pub file_reserved_time: Duration,
+    /// Local hours at which expired segments are deleted, `;`-separated (RocketMQ
+    /// `deleteWhen`: "04"). Empty: never by the clock (space and manual deletion
+    /// still apply).
+    pub delete_when: String,
+    /// Most segments one pass deletes (RocketMQ `deleteFileBatchMax`: 10).
+    pub delete_file_batch_max: usize,
+    /// Above this share of the disk in use, expired segments are deleted whatever the
+    /// hour (RocketMQ `diskMaxUsedSpaceRatio`: 75%).
+    pub disk_max_used_space_ratio: f64,
+    /// Above this share, the oldest segments are deleted even if not expired, when
+    /// `clean_file_forcibly` (RocketMQ `diskSpaceCleanForciblyRatio`: 85%).
+    pub disk_clean_forcibly_ratio: f64,
+    /// RocketMQ `cleanFileForciblyEnable` (true).
+    pub clean_file_forcibly: bool,
+    /// How often the cleaner looks (RocketMQ `cleanResourceInterval`: 10 s); a put
+    /// refused for a full disk wakes it at once.
+    pub clean_interval: Duration,
+    /// Pause between two deleted segments of a pass (RocketMQ
+    /// `deleteCommitLogFilesInterval`: 100 ms).
+    pub delete_interval: Duration,
+    /// Never delete log bytes a connected HA slave has not reported yet (the lowest
+    /// report among the connected slaves of the shard). RocketMQ has no such rule.
+    pub keep_for_slaves: bool,
+    /// Segments kept for reuse as the next segment instead of being unlinked (0: none;
+    /// see `commit_log`'s recycling).
+    pub recycle_segments: usize,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            file_reserved_time: Duration::from_secs(72 * 3600),
+            delete_when: "04".into(),
+            delete_file_batch_max: 10,
+            disk_max_used_space_ratio: 0.75,
+            disk_clean_forcibly_ratio: 0.85,
+            clean_file_forcibly: true,
+            clean_interval: Duration::from_secs(10),
+            delete_interval: Duration::from_millis(100),
+            keep_for_slaves: true,
+            recycle_segments: 1,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The hours `delete_when` names (each within 0..=23).
+    pub fn delete_hours(&self) -> Result<Vec<u8>> {
+        let mut hours = Vec::new();
+        for part in self.delete_when.split(';') {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            match part.parse::<u8>() {
+                Ok(h) if h < 24 => hours.push(h),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "delete_when {:?}: {part:?} is not an hour within 00..23 (hours are \
+                         separated by ';', as RocketMQ's deleteWhen)",
+                        self.delete_when
+                    )));
+                }
+            }
+        }
+        Ok(hours)
+    }
+
+    pub fn validate(&self, disk_full_ratio: f64) -> Result<()> {
+        let bad = |why: String| Err(Error::Config(why));
+        self.delete_hours()?;
+        let (used, force) = (
+            self.disk_max_used_space_ratio,
+            self.disk_clean_forcibly_ratio,
+        );
+        if !(used > 0.0 && used <= force && force <= disk_full_ratio) {
+            return bad(format!(
+                "retention ratios must satisfy 0 < disk_max_used_space_ratio ({used}) <= \
+                 disk_clean_forcibly_ratio ({force}) <= disk_full_ratio ({disk_full_ratio})"
+            ));
+        }
+        if self.delete_file_batch_max == 0 {
+            return bad("delete_file_batch_max must be positive".into());
+        }
+        if self.clean_interval.is_zero() {
+            return bad("retention clean_interval must be positive".into());
+        }
+        Ok(())
+    }
 }
 
 /// A store's part in replication (RocketMQ's `brokerRole`).
@@ -333,6 +435,7 @@ impl StoreConfig {
             sync_flush_io: SyncFlushIo::DsyncWrite,
             commit_log_prewrite_bytes: None,
             ha: HaConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 
@@ -479,6 +582,7 @@ impl StoreConfig {
         {
             return bad("query_default_max and query_max must be positive, default <= max".into());
         }
+        self.retention.validate(self.disk_full_ratio)?;
         self.ha.validate()
     }
 }

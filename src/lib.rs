@@ -15,6 +15,7 @@
 //! binary; implies both), all on by default. With `default-features = false` the crate
 //! is the store alone and pulls none of their dependencies.
 
+pub mod clean;
 pub mod commit_log;
 pub mod config;
 pub mod consume_queue;
@@ -32,7 +33,9 @@ pub mod store;
 pub mod tools;
 mod wake;
 
-pub use config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, StoreConfig, SyncFlushIo};
+pub use config::{
+    EmptySlaveStart, FlushMode, HaConfig, HaRole, RetentionConfig, StoreConfig, SyncFlushIo,
+};
 pub use error::{Error, Result};
 pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,

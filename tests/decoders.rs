@@ -17,6 +17,7 @@
 use coremq::StoredMessage;
 use coremq::format::checkpoint::{CHECKPOINT_LEN, COREMQ_AT, COREMQ_MAGIC, Checkpoint};
 use coremq::format::consume_queue::{self, CqEntry};
+use coremq::format::deleted_topics::{self, DeletedTopics};
 use coremq::format::flush_mark::{self, FlushMark};
 use coremq::format::ha;
 use coremq::format::index_file::{self, Geometry, IndexEntry, IndexHeader};
@@ -1262,5 +1263,59 @@ proptest! {
         let h = ha::FrameHeader { offset, size };
         prop_assert_eq!(ha::FrameHeader::decode(&h.encode(), 1 << 20), Ok(h));
         prop_assert_eq!(ha::decode_report(&ha::encode_report(offset)), Ok(offset));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Deleted topics (config/deleted-topics)
+// ---------------------------------------------------------------------------
+
+fn deleted_topics_value() -> impl Strategy<Value = DeletedTopics> {
+    prop::collection::vec(("\\PC{0,20}", any::<u64>()), 0..12)
+        .prop_map(|topics| DeletedTopics { topics })
+}
+
+/// Whatever decodes re-encodes to the same bytes (the encoding is canonical).
+fn check_deleted_topics(buf: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok(d) = DeletedTopics::decode(buf) {
+        prop_assert_eq!(&d.encode()[..], buf);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn deleted_topics_random_bytes(buf in bytes(400), header in any::<bool>(), count in extreme_i32()) {
+        check_deleted_topics(&buf)?;
+        let mut body = deleted_topics::MAGIC.to_be_bytes().to_vec();
+        body.extend_from_slice(&deleted_topics::VERSION.to_be_bytes());
+        body.extend_from_slice(&count.to_be_bytes());
+        if header {
+            body.extend_from_slice(&buf);
+        }
+        check_deleted_topics(&with_crc(body))?;
+        check_deleted_topics(&with_crc(buf))?;
+    }
+
+    #[test]
+    fn deleted_topics_round_trip(d in deleted_topics_value()) {
+        let b = d.encode();
+        prop_assert_eq!(DeletedTopics::decode(&b), Ok(d));
+    }
+
+    #[test]
+    fn deleted_topics_mutations(d in deleted_topics_value(), mutation in mutation()) {
+        let b = d.encode();
+        let mut bad = b.clone();
+        let changed = apply(&mutation, &mut bad, None, usize::MAX) || bad != b;
+        match DeletedTopics::decode(&bad) {
+            Ok(got) => {
+                prop_assert!(!changed, "{:?} went unnoticed", mutation);
+                prop_assert_eq!(got, d.clone());
+            }
+            Err(_) => prop_assert!(changed),
+        }
     }
 }

@@ -207,6 +207,13 @@ impl GroupCommit {
         self.shared.wake.notify_one();
     }
 
+    /// Drops the descriptors of the segments starting below `start` (retired: the
+    /// thread only writes at or past the durable end, which lies past them).
+    pub fn remove_segments_below(&self, start: u64) {
+        let mut st = self.shared.lock();
+        st.segments = st.segments.split_off(&start);
+    }
+
     /// Sets (or clears) the range being zero-filled ahead of the log (at or past
     /// the page of `written` when set): no round reaches into it while it is set.
     pub fn set_prewrite(&self, range: Option<(u64, u64)>) {

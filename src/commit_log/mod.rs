@@ -63,6 +63,7 @@ mod read_plan;
 mod reader;
 mod recovery;
 mod replica;
+mod retire;
 mod segments;
 mod transient_store_pool;
 
@@ -132,6 +133,9 @@ pub struct CommitLog {
     mark_wake: Notify,
     /// Set once the writer's loop ended (the mark task writes once more, then ends).
     writer_done: Cell<bool>,
+    /// Set when retiring a segment failed: no more are retired in this run
+    /// (`retire.rs`).
+    retire_failed: RefCell<Option<String>>,
 }
 
 /// Where a blob of records goes: `start`, after an optional blank at `blank_at`.
@@ -193,6 +197,7 @@ impl CommitLog {
             mark_failed: RefCell::new(None),
             mark_wake: Notify::default(),
             writer_done: Cell::new(false),
+            retire_failed: RefCell::new(None),
             cfg,
         }))
     }

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+mod clean;
 mod table;
 pub(crate) use table::{QueueTable, manifest_path};
 
@@ -265,18 +266,11 @@ impl ConsumeQueue {
             );
         }
         // The minimum: first real entry that still points into the log.
+        // Found by binary search (`clean.rs`): after retention most of a first file
+        // may point below the log, and an entry read each was one read each.
         let first_file = *self.files.borrow().keys().next().unwrap();
         self.min.set(first_file);
-        let mut q = first_file;
-        while q < self.max.get() {
-            let Some(e) = self.entry(q).await? else { break };
-            if !e.is_pre_blank() && e.phys_offset as u64 >= log_min {
-                break;
-            }
-            q += 1;
-        }
-        self.min.set(q);
-        Ok(())
+        self.correct_min(log_min).await
     }
 
     /// Places the entry for queue offset `q` (dispatch), idempotently. An empty queue

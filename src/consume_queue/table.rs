@@ -215,6 +215,66 @@ impl QueueTable {
         Ok(cut)
     }
 
+    /// Retention after the log's minimum moved to `log_min` (`clean.rs`): every
+    /// queue's files wholly below it deleted and its minimum moved. Returns the files
+    /// deleted. Yields between queues (a shard may hold thousands).
+    pub async fn clean_below(&self, log_min: u64) -> Result<usize> {
+        let mut deleted = 0;
+        for q in self.all() {
+            deleted += q.cq.clean_below(log_min).await?;
+            glommio::yield_if_needed().await;
+        }
+        Ok(deleted)
+    }
+
+    /// Takes every queue of `topic` out of the table (delete topic); the caller
+    /// destroys their files.
+    pub fn remove_topic(&self, topic: &str) -> Vec<Rc<Queue>> {
+        self.queues
+            .borrow_mut()
+            .remove(topic)
+            .map(|m| m.into_values().collect())
+            .unwrap_or_default()
+    }
+
+    /// At open: takes out and removes the files of every queue of a deleted topic that
+    /// holds nothing at or past the offset it was deleted at (`deleted_below`), i.e.
+    /// what a crash left of a topic deletion. Returns how many of them held entries.
+    pub async fn drop_deleted(&self, deleted_below: impl Fn(&str) -> Option<u64>) -> Result<usize> {
+        let doomed: Vec<Rc<Queue>> = self
+            .all()
+            .into_iter()
+            .filter(|q| deleted_below(&q.cq.topic).is_some_and(|b| q.cq.max_phys_end() <= b))
+            .collect();
+        let mut held = 0;
+        for q in doomed {
+            if let Some(m) = self.queues.borrow_mut().get_mut(&q.cq.topic) {
+                m.remove(&q.cq.queue_id);
+            }
+            self.queues.borrow_mut().retain(|_, m| !m.is_empty());
+            held += (q.cq.max_offset() > 0) as usize;
+            tracing::warn!(topic = %q.cq.topic, queue = q.cq.queue_id, "removing a queue of a deleted topic");
+            q.cq.destroy().await?;
+        }
+        Ok(held)
+    }
+
+    /// The queues of `topic` in the table.
+    pub fn find_topic(&self, topic: &str) -> Vec<Rc<Queue>> {
+        self.queues
+            .borrow()
+            .get(topic)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every topic the table holds.
+    pub fn topics(&self) -> Vec<String> {
+        let mut t: Vec<String> = self.queues.borrow().keys().cloned().collect();
+        t.sort();
+        t
+    }
+
     /// Writes every queue's tail and fdatasyncs it, several queues at once.
     pub async fn flush(&self) -> Result<()> {
         let dirty: Vec<Rc<Queue>> = self.all().into_iter().filter(|q| q.cq.is_dirty()).collect();
@@ -247,7 +307,12 @@ impl QueueTable {
     /// checkpoint (whose dispatch point is `dispatch_safe`) says it had: a lost or
     /// damaged queue file. Only meaningful while the queues are not cut below the
     /// manifest's dispatch point (`log_end` at or past it).
-    pub fn shorter_than_manifest(&self, dispatch_safe: u64, log_end: u64) -> bool {
+    pub fn shorter_than_manifest(
+        &self,
+        dispatch_safe: u64,
+        log_end: u64,
+        deleted: impl Fn(&str) -> bool,
+    ) -> bool {
         let path = manifest_path(&self.cfg.root);
         let Ok(Some(bytes)) = self.cfg.disk.read_file(&path) else {
             return false;
@@ -259,7 +324,7 @@ impl QueueTable {
         if m.dispatch_safe != dispatch_safe || log_end < m.dispatch_safe {
             return false;
         }
-        m.queues.iter().any(|(t, q, max)| {
+        m.queues.iter().filter(|(t, _, _)| !deleted(t)).any(|(t, q, max)| {
             let have = self.find(t, *q).map_or(0, |x| x.cq.max_offset());
             if have < *max {
                 tracing::warn!(topic = %t, queue = q, have, expected = max, "consume queue lost entries");

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod consume_queue;
+pub mod deleted_topics;
 pub mod flush_mark;
 pub mod ha;
 pub mod index_file;

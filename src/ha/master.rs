@@ -77,10 +77,16 @@ pub async fn serve_slave(
             log.min_offset()
         )));
     }
-    store.slave_acked(first_report.max(base));
-    let _counted = store.slave_connected();
+    // Counted while connected; its reports also tell retention what it still needs.
+    let slave = Rc::new(store.slave_connected(first_report.max(base)));
     let closed = Rc::new(Cell::new(false));
-    let reader = glommio::spawn_local(read_reports(store.clone(), rd, peer, closed.clone()));
+    let reader = glommio::spawn_local(read_reports(
+        store.clone(),
+        slave.clone(),
+        rd,
+        peer,
+        closed.clone(),
+    ));
     tracing::info!(%peer, from = next, "sending to the slave");
     let result = async {
         let mut last_sent = Instant::now();
@@ -137,6 +143,7 @@ pub async fn serve_slave(
 /// `housekeeping_interval` (the socket's read timeout) ends the connection.
 async fn read_reports<R: futures_lite::AsyncRead + Unpin>(
     store: Store,
+    slave: Rc<crate::store::SlaveGuard>,
     mut rd: R,
     peer: SocketAddr,
     closed: Rc<Cell<bool>>,
@@ -159,7 +166,7 @@ async fn read_reports<R: futures_lite::AsyncRead + Unpin>(
         match last {
             None => {}
             Some(Ok(offset)) if offset <= store.commit_log().written() => {
-                store.slave_acked(offset);
+                slave.report(offset);
             }
             Some(Ok(offset)) => {
                 tracing::error!(

@@ -57,6 +57,7 @@
 //!
 //! How these figures were taken: `docs/performance/index.md`.
 
+mod clean;
 mod file;
 mod flush;
 mod page_cache;

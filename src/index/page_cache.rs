@@ -106,6 +106,14 @@ impl PageCache {
         }
     }
 
+    /// Drops every page of file `id` (a deleted file's pages would only take room).
+    pub(super) fn forget_file(&mut self, id: u64) {
+        let keys: Vec<(u64, u64)> = self.map.keys().filter(|k| k.0 == id).copied().collect();
+        for k in keys {
+            self.remove(k);
+        }
+    }
+
     pub(super) fn remove(&mut self, key: (u64, u64)) -> Option<Box<[u8]>> {
         let i = self.map.remove(&key)?;
         let gone = self.slots.swap_remove(i);

@@ -232,7 +232,9 @@ impl Disk {
         }
     }
 
-    /// (total, available) bytes of the file system holding `path`.
+    /// (total, available) bytes of the file system holding `path`, where total is
+    /// what is used plus what is available to the store (blocks reserved for root
+    /// left out), so `1 - available / total` is `df`'s Use%.
     pub fn space(&self, path: &Path) -> Result<Option<(u64, u64)>> {
         match self {
             Disk::Real => {
@@ -253,10 +255,11 @@ impl Disk {
                     ));
                 }
                 let frsize = s.f_frsize as u64;
-                Ok(Some((
-                    s.f_blocks as u64 * frsize,
-                    s.f_bavail as u64 * frsize,
-                )))
+                // Blocks reserved for root are neither: used / total is then `df`'s
+                // Use% and RocketMQ's disk ratio (used / (used + usable)).
+                let used = (s.f_blocks as u64).saturating_sub(s.f_bfree as u64) * frsize;
+                let avail = s.f_bavail as u64 * frsize;
+                Ok(Some((used + avail, avail)))
             }
             Disk::Sim(d) => Ok(d.space()),
         }

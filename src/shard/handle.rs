@@ -221,6 +221,9 @@ fn handle_futures_are_send(h: &Handle, msg: crate::message::Message) {
     assert_send(h.shard_status(0));
     assert_send(h.wait_dispatched());
     assert_send(h.flush());
+    assert_send(h.delete_expired_files());
+    assert_send(h.delete_topic("t"));
+    assert_send(h.clean_unused_topics(vec![]));
     assert_send(h.run_at(0, "t", async |s, t| s.max_queue_offset(t, 0)));
     assert_send(h.run_on(0, |ctx| async move { ctx.store.max_log_offset() }));
 }

@@ -273,6 +273,48 @@ pub trait StoreOps: Route {
         }
         Ok(())
     }
+
+    /// A retention pass on every shard now, expired segments going whatever the hour
+    /// (RocketMQ's `executeDeleteFilesManually`; [`Store::delete_expired_files`]), one
+    /// report per shard.
+    async fn delete_expired_files(&self) -> Result<Vec<crate::clean::PassReport>> {
+        let asks = (0..self.shards())
+            .map(|shard| self.run_at(shard, &(), async |s, _| s.delete_expired_files().await));
+        let mut out = Vec::new();
+        for r in crate::wake::join_all(asks.collect()).await {
+            out.push(r??);
+        }
+        Ok(out)
+    }
+
+    /// Deletes `topic`'s queues on every shard (RocketMQ's `deleteTopics`;
+    /// [`Store::delete_topic`]); returns how many queues went.
+    async fn delete_topic(&self, topic: &str) -> Result<usize> {
+        let mut n = 0;
+        for shard in 0..self.shards() {
+            n += self
+                .run_at(shard, topic, async |s, t| s.delete_topic(t).await)
+                .await??;
+        }
+        Ok(n)
+    }
+
+    /// Deletes, on every shard, the topics not in `keep` (RocketMQ's
+    /// `cleanUnusedTopic`; [`Store::clean_unused_topics`]); returns them.
+    async fn clean_unused_topics(&self, keep: Vec<String>) -> Result<Vec<String>> {
+        let keep: std::collections::HashSet<String> = keep.into_iter().collect();
+        let mut out = std::collections::BTreeSet::new();
+        for shard in 0..self.shards() {
+            let keep = keep.clone();
+            let done = self
+                .run_at(shard, &(), async move |s, _| {
+                    s.clean_unused_topics(&keep).await
+                })
+                .await??;
+            out.extend(done);
+        }
+        Ok(out.into_iter().collect())
+    }
 }
 
 impl<R: Route> StoreOps for R {}

@@ -64,7 +64,7 @@ impl Inner {
         }
     }
 
-    async fn round_permit(&self) -> Result<glommio::sync::Permit<'_>> {
+    pub(super) async fn round_permit(&self) -> Result<glommio::sync::Permit<'_>> {
         self.round_lock
             .acquire_permit(1)
             .await
@@ -90,7 +90,11 @@ impl Inner {
         self.flush_structures(end, self.queues.manifest(end)).await
     }
 
-    async fn flush_structures(&self, log_flushed: u64, manifest: QueueManifest) -> Result<()> {
+    pub(super) async fn flush_structures(
+        &self,
+        log_flushed: u64,
+        manifest: QueueManifest,
+    ) -> Result<()> {
         self.queues.flush().await?;
         if let Some(ix) = &self.index {
             ix.flush().await?;
@@ -118,6 +122,8 @@ impl Inner {
         debug_assert!(dispatch_safe <= self.log.written() || dispatch_safe == log_flushed);
         self.checkpoint.write_aligned(0, &cp.encode()).await?;
         self.checkpoint.sync().await?;
+        // Retention may now delete what this checkpoint no longer needs.
+        self.checkpointed.set((dispatch_safe, log_flushed));
         const _: () = assert!(CHECKPOINT_LEN == io::PAGE);
         // Blocking calls (fsyncs, a rename): off the executor, so a stalled disk
         // does not stop the shard (`io::offload`).

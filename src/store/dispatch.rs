@@ -272,6 +272,11 @@ impl Inner {
     /// `rebuild`: the queue is being rebuilt from the log's first record, so an empty
     /// queue may start at a later offset.
     pub(super) fn place_entry(&self, r: &RecordView<'_>, rebuild: bool) -> Result<bool> {
+        // A deleted topic's records stay in the log until retention removes them;
+        // they never get an entry again (`clean/topics.rs`).
+        if self.clean.deleted.is_deleted(r.topic, r.phys_offset as u64) {
+            return Ok(false);
+        }
         let q = self.queues.get_or_create(r.topic, r.queue_id);
         let entry = CqEntry {
             phys_offset: r.phys_offset,

@@ -96,7 +96,21 @@ impl Store {
             r.status = GetStatus::MessageWasRemoving;
             return Ok(r);
         }
-        r.records = inner.read_records(topic, queue_id, &taken).await?;
+        r.records = match inner.read_records(topic, queue_id, &taken).await {
+            Ok(records) => records,
+            // Retention deleted a segment while this read waited (the log's minimum
+            // moved past some of these records): the rest are read again, once.
+            Err(_) if taken[0].1.phys_offset < inner.log.min_offset() as i64 => {
+                let log_min = inner.log.min_offset() as i64;
+                taken.retain(|(_, e)| e.phys_offset >= log_min);
+                if taken.is_empty() {
+                    r.status = GetStatus::MessageWasRemoving;
+                    return Ok(r);
+                }
+                inner.read_records(topic, queue_id, &taken).await?
+            }
+            Err(e) => return Err(e),
+        };
         r.status = GetStatus::Found;
         Ok(r)
     }
@@ -122,7 +136,11 @@ impl Store {
         // A direct read costs whole blocks anyway: the first read takes the rest of
         // the page (at least 1 KiB), which usually holds the whole record.
         let first = (4096 - offset % 4096).max(1024).min(visible - offset);
-        let head = log.read(offset, first as usize).await?;
+        let head = match log.read(offset, first as usize).await {
+            Ok(head) => head,
+            Err(_) if offset < log.min_offset() => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let Ok((size, _)) = record::peek_header(&head) else {
             return Ok(None);
         };
@@ -135,7 +153,12 @@ impl Store {
         let raw = if size as usize <= head.len() {
             head.slice(..size as usize)
         } else {
-            log.read(offset, size as usize).await?
+            match log.read(offset, size as usize).await {
+                Ok(raw) => raw,
+                // Deleted by retention meanwhile.
+                Err(_) if offset < log.min_offset() => return Ok(None),
+                Err(e) => return Err(e),
+            }
         };
         let verify = Verify::checksums(
             offset,
@@ -199,11 +222,15 @@ impl Store {
         self.inner.dispatched.get()
     }
 
-    /// Store time of the message at queue offset `q`.
+    /// Store time of the message at queue offset `q`; `i64::MIN` for an entry whose
+    /// record retention deleted (the queue's minimum is moved after the log's).
     async fn store_time_at(&self, cq: &ConsumeQueue, q: u64) -> Result<Option<i64>> {
         let Some(e) = cq.entry(q).await? else {
             return Ok(None);
         };
+        if (e.phys_offset as u64) < self.inner.log.min_offset() {
+            return Ok(Some(i64::MIN));
+        }
         let raw = self
             .inner
             .log
@@ -249,6 +276,7 @@ impl Store {
         Ok(self
             .store_time_at(&q.cq, q.cq.min_offset())
             .await?
+            .filter(|t| *t != i64::MIN)
             .unwrap_or(-1))
     }
 }

@@ -35,14 +35,46 @@ pub(super) struct GroupTransfer {
     acked: OffsetWatch,
     /// Slave connections open now.
     slaves: Cell<usize>,
+    /// Each open connection's latest report (retention keeps what the lowest one
+    /// still needs, with `keep_for_slaves`).
+    reports: std::cell::RefCell<Vec<std::rc::Weak<Cell<u64>>>>,
 }
 
-/// Counts a slave connection while it lives ([`Store::slave_connected`]).
-pub struct SlaveGuard(Rc<Inner>);
+impl GroupTransfer {
+    /// The lowest offset a connected slave reported (what it still needs from), or
+    /// `None` with no slave connected.
+    pub(super) fn lowest_report(&self) -> Option<u64> {
+        let mut reports = self.reports.borrow_mut();
+        reports.retain(|w| w.strong_count() > 0);
+        reports
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .map(|c| c.get())
+            .min()
+    }
+}
+
+/// Counts a slave connection while it lives ([`Store::slave_connected`]) and holds its
+/// latest report.
+pub struct SlaveGuard {
+    inner: Rc<Inner>,
+    report: Rc<Cell<u64>>,
+}
+
+impl SlaveGuard {
+    /// This slave reported `offset`: every byte below it is on the slave (and
+    /// acknowledges the puts it covers, as [`Store::slave_acked`]).
+    pub fn report(&self, offset: LogOffset) {
+        if offset > self.report.get() {
+            self.report.set(offset);
+        }
+        Store::ack(&self.inner, offset);
+    }
+}
 
 impl Drop for SlaveGuard {
     fn drop(&mut self) {
-        let t = &self.0.transfer;
+        let t = &self.inner.transfer;
         t.slaves.set(t.slaves.get() - 1);
         // Puts waiting for a slave that is gone time out at their deadline.
     }
@@ -59,19 +91,35 @@ impl Store {
         self.inner.state.get() == State::Running && self.failure().is_none()
     }
 
-    /// A slave connection opened; it counts until the guard drops.
-    pub fn slave_connected(&self) -> SlaveGuard {
+    /// A slave connection opened, whose log ends at `first_report`; it counts until
+    /// the guard drops, and its reports go through the guard.
+    pub fn slave_connected(&self, first_report: LogOffset) -> SlaveGuard {
         let t = &self.inner.transfer;
         t.slaves.set(t.slaves.get() + 1);
-        SlaveGuard(self.inner.clone())
+        let report = Rc::new(Cell::new(first_report));
+        t.reports.borrow_mut().push(Rc::downgrade(&report));
+        Store::ack(&self.inner, first_report);
+        SlaveGuard {
+            inner: self.inner.clone(),
+            report,
+        }
     }
 
     /// A slave reported `offset`: every byte below it is on that slave.
     pub fn slave_acked(&self, offset: LogOffset) {
-        let acked = &self.inner.transfer.acked;
+        Store::ack(&self.inner, offset);
+    }
+
+    fn ack(inner: &Inner, offset: LogOffset) {
+        let acked = &inner.transfer.acked;
         if offset > acked.get() {
             acked.set(offset);
         }
+    }
+
+    /// The lowest offset a connected slave reported (`None`: no slave connected).
+    pub fn lowest_slave_report(&self) -> Option<LogOffset> {
+        self.inner.transfer.lowest_report()
     }
 
     /// The highest offset any slave acknowledged, and the slaves connected now.

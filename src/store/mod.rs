@@ -17,7 +17,8 @@
 //! * **queue flusher** (100): a checkpoint round every `consume_queue_flush_interval`
 //!   (`checkpoint.rs`);
 //! * **put deadlines** (1000): ends the waits of puts past their deadline
-//!   (`deadlines.rs`).
+//!   (`deadlines.rs`);
+//! * **clean** (100): retention passes (`crate::clean`, `retention.rs`).
 //!
 //! Durability contract, by flush mode:
 //! * `FlushMode::Sync`: `PutOk` means a durable write covering the record returned
@@ -43,6 +44,7 @@ mod group_transfer;
 mod put;
 mod query;
 mod recovery;
+mod retention;
 mod space;
 
 use crate::commit_log::CommitLog;
@@ -100,6 +102,11 @@ struct Inner {
     read_cache: Option<Rc<ReadCache>>,
     /// Slaves' acknowledgements (SYNC_MASTER waits on them).
     transfer: group_transfer::GroupTransfer,
+    /// Retention (`crate::clean`, `retention.rs`).
+    clean: crate::clean::Cleaner,
+    /// (dispatch-safe offset, flushed offset) of the last checkpoint written: what
+    /// recovery would start from, so retention deletes nothing at or past it.
+    checkpointed: Cell<(u64, u64)>,
 }
 
 pub use group_transfer::SlaveGuard;
@@ -246,7 +253,7 @@ impl Inner {
             };
             executor().create_task_queue(Shares::Static(shares), latency, name)
         };
-        let tasks: [(&str, usize, Task); 3] = [
+        let tasks: [(&str, usize, Task); 4] = [
             (
                 "commit-log-writer",
                 1000,
@@ -254,6 +261,7 @@ impl Inner {
             ),
             ("dispatch", 500, Box::pin(self.clone().run_dispatcher())),
             ("cq-flush", 100, Box::pin(self.clone().run_queue_flusher())),
+            ("clean", 100, Box::pin(crate::clean::run(self.clone()))),
         ];
         let mut tasks: Vec<(&str, usize, Task)> = tasks.into();
         if self.cfg.ha.role == crate::config::HaRole::SyncMaster {
@@ -284,5 +292,6 @@ impl Inner {
         self.log.stop_writer();
         self.dispatch_wake.notify();
         self.flusher_wake.notify();
+        self.clean.wake();
     }
 }

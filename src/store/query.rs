@@ -39,6 +39,7 @@ impl Store {
                 return Ok(None);
             };
             let ok = m.topic == topic
+                && !self.inner.clean.deleted.is_deleted(topic, m.log_offset)
                 && (begin_ms..=end_ms).contains(&m.store_timestamp_ms)
                 && index_file::has_key(
                     m.property(properties::UNIQ_KEY),

@@ -81,6 +81,8 @@ impl Inner {
                 sc.avail < reserve.saturating_add(incoming) || ratio >= self.cfg.disk_full_ratio;
             if full != sc.full {
                 if full {
+                    // Retention frees space: a pass now, not at its next interval.
+                    self.clean.wake();
                     tracing::error!(
                         root = %self.cfg.root.display(), avail = sc.avail, total = sc.total, reserve,
                         ratio = self.cfg.disk_full_ratio, "disk full: refusing puts until space is freed"

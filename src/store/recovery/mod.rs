@@ -185,6 +185,10 @@ async fn open_structures(
     let load_queues = QueueTable::load(cfg.clone(), log_min, u64::MAX);
     let (index, queues) = futures_lite::future::zip(open_index, load_queues).await;
     let (index, (queues, damaged)) = (index?, queues?);
+    // What a crash left of a topic deletion goes now (`store/retention.rs`).
+    let deleted = crate::clean::topics::DeletedTopicSet::load(&cfg.disk, &cfg.root)?;
+    let dropped = queues.drop_deleted(|t| deleted.deleted_below(t)).await?;
+    let cleaner = crate::clean::Cleaner::new(cfg.retention.clone(), deleted)?;
     let inner = Rc::new(Inner {
         cfg: cfg.clone(),
         log,
@@ -206,8 +210,10 @@ async fn open_structures(
         index,
         read_cache: ReadCache::new(cfg),
         transfer: Default::default(),
+        clean: cleaner,
+        checkpointed: Cell::new((0, 0)),
     });
-    let files = queue_files(&inner.queues, cp.as_ref(), damaged);
+    let files = queue_files(&inner, cp.as_ref(), damaged, dropped);
     let queues_from = match decide(Facts::Loaded {
         checkpoint: cp.is_some(),
         queues: files,
@@ -242,13 +248,23 @@ async fn open_structures(
 /// order of the table's rows. Queues not yet cut to the log's end hold at least what
 /// the checkpoint and its manifest say they held, whatever the scan finds: fewer
 /// means files were lost.
-fn queue_files(queues: &QueueTable, cp: Option<&Checkpoint>, damaged: bool) -> QueueFiles {
+///
+/// Queues of a deleted topic taken out at open (`dropped` of them held entries) count
+/// as present: the checkpoint may predate the deletion.
+fn queue_files(
+    inner: &Inner,
+    cp: Option<&Checkpoint>,
+    damaged: bool,
+    dropped: usize,
+) -> QueueFiles {
+    let queues = &inner.queues;
     // The checkpoint counts the queues holding entries, as its manifest lists them.
-    let holding = queues.manifest(0).queues.len();
+    let holding = queues.manifest(0).queues.len() + dropped;
+    let deleted = |t: &str| inner.clean.deleted.deleted_below(t).is_some();
     let files = match cp {
         _ if damaged => QueueFiles::Damaged,
         Some(cp) if (holding as u32) < cp.queue_count => QueueFiles::Missing,
-        Some(cp) if queues.shorter_than_manifest(cp.dispatch_safe_offset, u64::MAX) => {
+        Some(cp) if queues.shorter_than_manifest(cp.dispatch_safe_offset, u64::MAX, deleted) => {
             QueueFiles::ShortOfManifest
         }
         _ => QueueFiles::AsCheckpointed,

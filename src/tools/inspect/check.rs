@@ -13,7 +13,8 @@
 //! point past the end of the log.
 //!
 //! RocketMQ details it honours: entries pointing below the first segment refer to
-//! records removed by retention and are skipped; tags codes of `SCHEDULE_TOPIC_XXXX`
+//! records removed by retention and are skipped; records of a topic deleted
+//! (coremq's `config/deleted-topics`) below where it was deleted need no entry; tags codes of `SCHEDULE_TOPIC_XXXX`
 //! (delivery times) and ConsumeQueueExt addresses (below `i32::MIN`) are not compared
 //! with tag hashes; prepared and rolled-back transaction records have no entry; with
 //! a RocketMQ checkpoint (no coremq section) the dispatch point is its
@@ -25,6 +26,7 @@ use super::log::{LogFiles, walk_log};
 use super::queue::{QueueEntry, list_queues, walk_queue};
 use crate::error::Result;
 use crate::format::checkpoint::Checkpoint;
+use crate::format::deleted_topics::DeletedTopics;
 use crate::format::java::tags_code;
 use crate::format::record::{self, Decoded, RecordView};
 use serde_json::{Value, json};
@@ -134,7 +136,8 @@ pub fn check_root(root: &Root) -> Result<CheckReport> {
         Some((c, false)) => Undispatched::FromTime(c.logics_msg_timestamp),
         None => Undispatched::Nothing,
     };
-    check_log(&log, &spans, tail, &mut rep)?;
+    let deleted = read_deleted_topics(root, &mut rep);
+    check_log(&log, &spans, tail, &deleted, &mut rep)?;
     if log.segments().is_empty() {
         // No segment yet: the log is empty where this root's log begins.
         rep.log_min = base;
@@ -144,6 +147,22 @@ pub fn check_root(root: &Root) -> Result<CheckReport> {
         check_checkpoint(&c, &spans, &mut rep);
     }
     Ok(rep)
+}
+
+/// `config/deleted-topics`: topic -> commit-log offset below which its records are
+/// deleted (their queues are gone; the records wait for retention).
+fn read_deleted_topics(root: &Path, rep: &mut CheckReport) -> HashMap<String, u64> {
+    let path = root.join("config").join("deleted-topics");
+    match std::fs::read(&path) {
+        Ok(bytes) => match DeletedTopics::decode(&bytes) {
+            Ok(d) => d.topics.into_iter().collect(),
+            Err(e) => {
+                rep.problem(format!("{}: {e}", path.display()));
+                HashMap::new()
+            }
+        },
+        Err(_) => HashMap::new(),
+    }
 }
 
 fn read_checkpoint(root: &Path, rep: &mut CheckReport) -> Option<(Checkpoint, bool)> {
@@ -232,11 +251,15 @@ fn check_log(
     log: &LogFiles,
     spans: &Spans,
     tail: Undispatched,
+    deleted: &HashMap<String, u64>,
     rep: &mut CheckReport,
 ) -> Result<()> {
     let mut tracks = Tracks::new();
     let walk = walk_log(log, |(off, r, checksum)| {
-        if checksum.is_none() && r.is_dispatched_to_queue() {
+        // A deleted topic's records below where it was deleted have no queue (a
+        // topic made again after starts its queues at 0).
+        let gone = deleted.get(r.topic).is_some_and(|below| off < *below);
+        if checksum.is_none() && r.is_dispatched_to_queue() && !gone {
             track_record(&mut tracks, spans, tail, (off, r), rep);
         }
     })?;
