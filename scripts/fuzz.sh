@@ -25,6 +25,8 @@
 #                  whatever decodes re-encodes to the input, sizes stay in bounds
 #   manifest       QueueManifest::decode (raw and with a valid CRC appended);
 #                  whatever decodes re-encodes to exactly the input
+#   delay_offset   format::delay_offset::DelayOffsets::decode (RocketMQ's fastjson
+#                  text, bare keys); what decodes re-encodes to the same values
 #   remoting_frame node::remoting::decode_frame; a decoded command re-encodes to a
 #                  frame that decodes to the same code, opaque and body
 #   processors     the node's request processors: each input builds up to 12
@@ -66,7 +68,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz_dir="$root/scripts/fuzz"
-all_targets=(record properties consume_queue checkpoint flush_mark index_file msg_id manifest remoting_frame processors ha)
+all_targets=(record properties consume_queue checkpoint flush_mark index_file msg_id manifest delay_offset remoting_frame processors ha)
 
 seconds=60
 targets=()

@@ -26,13 +26,16 @@ pub mod io;
 pub mod message;
 #[cfg(feature = "node")]
 pub mod node;
+pub mod schedule;
 pub mod shard;
 pub mod store;
 #[cfg(feature = "tools")]
 pub mod tools;
 mod wake;
 
-pub use config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, StoreConfig, SyncFlushIo};
+pub use config::{
+    EmptySlaveStart, FlushMode, HaConfig, HaRole, ScheduleConfig, StoreConfig, SyncFlushIo,
+};
 pub use error::{Error, Result};
 pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,

@@ -37,12 +37,14 @@
 
 mod checkpoint;
 mod deadlines;
+mod delivered;
 mod dispatch;
 mod get;
 mod group_transfer;
 mod put;
 mod query;
 mod recovery;
+mod scheduled;
 mod space;
 
 use crate::commit_log::CommitLog;
@@ -100,6 +102,8 @@ struct Inner {
     read_cache: Option<Rc<ReadCache>>,
     /// Slaves' acknowledgements (SYNC_MASTER waits on them).
     transfer: group_transfer::GroupTransfer,
+    /// Delay levels, delivered positions, attached services (`scheduled.rs`).
+    sched: scheduled::Scheduling,
 }
 
 pub use group_transfer::SlaveGuard;
@@ -141,6 +145,7 @@ impl Drop for Owner {
         let inner = &self.0;
         if inner.state.get() == State::Running {
             tracing::warn!(root = %inner.cfg.root.display(), "store dropped without shutdown");
+            inner.signal_services();
             inner.stop_tasks();
         }
     }
@@ -203,6 +208,8 @@ impl Store {
         if inner.state.get() != State::Running {
             return Ok(());
         }
+        // Services first: they put into this store (`scheduled.rs`).
+        self.stop_services().await;
         inner.stop_tasks();
         let tasks: Vec<_> = inner.tasks.borrow_mut().drain(..).collect();
         for t in tasks {
