@@ -13,10 +13,11 @@
 //! Exactly once, across shards. Each lane delivers one message at a time, in order,
 //! and after a crash resumes after the newest delivery held by any shard's log. A log
 //! keeps a prefix of what was written, so within one shard that is exact. Across
-//! shards it is exact because a delivery to another shard is made durable there (and
-//! this shard's log, with the lane's earlier local deliveries and the scheduled record
-//! itself, is flushed first) before the lane moves on: no later delivery can survive a
-//! crash that an earlier one did not.
+//! shards it is exact because a lane switches shards only once the shard it delivered
+//! to last holds those deliveries durably (flushed), and delivers to another shard
+//! only once the scheduled record itself is durable here: no later delivery can
+//! survive a crash that an earlier one (or the record it came from) did not. A run of
+//! deliveries to one shard pays for one flush at its end.
 
 use super::host::Host;
 use crate::format::schedule::{Position, REAL_QID, REAL_TOPIC};
@@ -68,34 +69,72 @@ pub(crate) fn delivery_of(r: &StoredMessage) -> Result<Message, String> {
 
 /// Delivers one lane's messages, one at a time (module docs).
 pub(crate) struct Deliverer<H: Host> {
-    pub(crate) host: H,
+    host: H,
+    /// The shard holding this lane's newest deliveries not yet known durable, and (for
+    /// this shard) the log offset they end at.
+    unflushed: Option<(usize, u64)>,
 }
 
 impl<H: Host> Deliverer<H> {
+    pub(crate) fn new(host: H) -> Deliverer<H> {
+        Deliverer {
+            host,
+            unflushed: None,
+        }
+    }
+
+    /// Makes this shard's log durable up to `end`.
+    async fn local_durable(&self, end: u64) -> Result<(), String> {
+        let here = self.host.shard();
+        if self.host.store().flushed_log_offset() >= end {
+            return Ok(());
+        }
+        self.host
+            .flush(here)
+            .await
+            .map_err(|e| format!("flush of shard {here} failed: {e}"))
+    }
+
+    /// Before a delivery to `target`: the lane's earlier deliveries, when they went
+    /// elsewhere, and (for another shard) the scheduled record ending at `record_end`
+    /// are made durable, so no later delivery can outlive them (module docs).
+    async fn before(&mut self, target: usize, record_end: u64) -> Result<(), String> {
+        let here = self.host.shard();
+        if let Some((shard, end)) = self.unflushed
+            && shard != target
+        {
+            if shard == here {
+                self.local_durable(end).await?;
+            } else {
+                self.host
+                    .flush(shard)
+                    .await
+                    .map_err(|e| format!("flush of shard {shard} failed: {e}"))?;
+            }
+            self.unflushed = None;
+        }
+        if target != here {
+            self.local_durable(record_end).await?;
+        }
+        Ok(())
+    }
+
     /// Delivers the scheduled record `r` as position `pos`.
     pub(crate) async fn deliver(&mut self, r: &StoredMessage, pos: Position) -> Outcome {
         let msg = match delivery_of(r) {
             Ok(m) => m,
             Err(why) => return Outcome::Skipped(why),
         };
-        let here = self.host.shard();
         let target = self.host.owner(&msg.topic, msg.queue_id);
-        if target != here {
-            // This log first: the lane's earlier deliveries and the scheduled record.
-            if let Err(e) = self.host.flush(here).await {
-                return Outcome::Retry(format!("flush of shard {here} failed: {e}"));
-            }
+        let record_end = r.log_offset + r.size as u64;
+        if let Err(why) = self.before(target, record_end).await {
+            return Outcome::Retry(why);
         }
         let result = self.host.put_delivery(target, msg, pos).await;
         match result.status {
             s if s.is_stored() => {
-                if target != here
-                    && let Err(e) = self.host.flush(target).await
-                {
-                    // Stored, durability unknown: the lane waits (its store has failed
-                    // and takes nothing more); after a restart the logs say.
-                    return Outcome::Retry(format!("flush of shard {target} failed: {e}"));
-                }
+                let end = result.log_offset + result.wrote_bytes as u64;
+                self.unflushed = Some((target, end));
                 Outcome::Delivered
             }
             PutStatus::MessageIllegal(why) => {

@@ -99,7 +99,9 @@ pub fn start<H: Host>(host: H) -> crate::Result<()> {
     let stop = Rc::new(Stop::default());
     let tq = glommio::executor().create_task_queue(
         glommio::Shares::Static(200),
-        glommio::Latency::NotImportant,
+        // A due message should go out within milliseconds, even while puts keep the
+        // shard busy.
+        glommio::Latency::Matters(Duration::from_millis(10)),
         "schedule",
     );
     for level in 1..=levels.count() {
@@ -160,7 +162,7 @@ async fn run_level<H: Host>(host: H, level: i32, delay: Duration, stop: Rc<Stop>
         next = max;
     }
     next = next.max(min);
-    let mut deliverer = Deliverer { host: host.clone() };
+    let mut deliverer = Deliverer::new(host.clone());
     let delay_ms = delay.as_millis() as i64;
     while !stop.is_stopped() {
         let entries = match store
