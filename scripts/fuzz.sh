@@ -27,6 +27,8 @@
 #                  whatever decodes re-encodes to exactly the input
 #   deleted_topics DeletedTopics::decode (raw and with a valid CRC appended);
 #                  whatever decodes re-encodes to exactly the input
+#   delay_offset   format::delay_offset::DelayOffsets::decode (RocketMQ's fastjson
+#                  text, bare keys); what decodes re-encodes to the same values
 #   remoting_frame node::remoting::decode_frame; a decoded command re-encodes to a
 #                  frame that decodes to the same code, opaque and body
 #   processors     the node's request processors: each input builds up to 12
@@ -68,7 +70,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz_dir="$root/scripts/fuzz"
-all_targets=(record properties consume_queue checkpoint flush_mark index_file msg_id manifest deleted_topics remoting_frame processors ha)
+all_targets=(record properties consume_queue checkpoint flush_mark index_file msg_id manifest deleted_topics delay_offset remoting_frame processors ha)
 
 seconds=60
 targets=()

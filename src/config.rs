@@ -162,6 +162,57 @@ pub struct StoreConfig {
     /// Retention: when segments, queue files and index files are deleted (see
     /// `crate::clean`).
     pub retention: RetentionConfig,
+    /// Delayed and timed messages (see [`ScheduleConfig`]).
+    pub schedule: ScheduleConfig,
+}
+
+/// Delayed delivery (RocketMQ's `ScheduleMessageService`) and timed messages (RocketMQ
+/// 5's timer): see `crate::schedule` and `crate::timer`.
+#[derive(Debug, Clone)]
+pub struct ScheduleConfig {
+    /// RocketMQ's `messageDelayLevel`: the delay of each level, space-separated, units
+    /// `s`, `m`, `h`, `d` (and `ms`, coremq's). Default: `1s 5s 10s 30s 1m 2m 3m 4m 5m
+    /// 6m 7m 8m 9m 10m 20m 30m 1h 2h`.
+    pub message_delay_level: String,
+    /// Run the delivery tasks (the sharded store starts them on every master shard).
+    /// Off: delayed and timed messages are stored and wait.
+    pub deliver: bool,
+    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`, on); off, they are refused.
+    pub timer_enable: bool,
+    /// Furthest delivery time accepted (RocketMQ 5 `timerMaxDelaySec`: 3 days).
+    pub timer_max_delay: Duration,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.to_string(),
+            deliver: true,
+            timer_enable: true,
+            timer_max_delay: Duration::from_secs(3 * 86_400),
+        }
+    }
+}
+
+impl ScheduleConfig {
+    /// The parsed delay levels.
+    pub fn levels(&self) -> Result<crate::format::schedule::DelayLevels> {
+        crate::format::schedule::DelayLevels::parse(&self.message_delay_level)
+            .map_err(|e| Error::Config(format!("message_delay_level: {e}")))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.levels()?;
+        if self.timer_max_delay.is_zero()
+            || self.timer_max_delay > Duration::from_secs(365 * 86_400)
+        {
+            return Err(Error::Config(format!(
+                "timer_max_delay {:?} must be within (0, 365 days]",
+                self.timer_max_delay
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Retention (RocketMQ's `CleanCommitLogService` and `CleanConsumeQueueService`
@@ -385,6 +436,10 @@ pub enum SyncFlushIo {
 
 pub const PAGE: u64 = 4096;
 
+/// Bits of a commit-log offset below the shard number: shard `i`'s log starts at
+/// `i << 56` (`crate::shard::SHARD_SHIFT`).
+pub const LOG_SHARD_SHIFT: u32 = 56;
+
 /// The smallest key-index page set allowed (`index_max_dirty_bytes / 4096`).
 pub const INDEX_MIN_PAGES: usize = 16;
 
@@ -436,6 +491,7 @@ impl StoreConfig {
             commit_log_prewrite_bytes: None,
             ha: HaConfig::default(),
             retention: RetentionConfig::default(),
+            schedule: ScheduleConfig::default(),
         }
     }
 
@@ -453,6 +509,11 @@ impl StoreConfig {
             index_max_dirty_bytes: 256 << 10,
             ..StoreConfig::new(root)
         }
+    }
+
+    /// The shard this store is (its log base names it; 0 for a single store).
+    pub fn shard_index(&self) -> u32 {
+        (self.log_base_offset >> LOG_SHARD_SHIFT) as u32
     }
 
     pub fn consume_queue_file_bytes(&self) -> u64 {
@@ -583,6 +644,7 @@ impl StoreConfig {
             return bad("query_default_max and query_max must be positive, default <= max".into());
         }
         self.retention.validate(self.disk_full_ratio)?;
+        self.schedule.validate()?;
         self.ha.validate()
     }
 }

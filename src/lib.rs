@@ -27,6 +27,7 @@ pub mod io;
 pub mod message;
 #[cfg(feature = "node")]
 pub mod node;
+pub mod schedule;
 pub mod shard;
 pub mod store;
 #[cfg(feature = "tools")]
@@ -34,7 +35,8 @@ pub mod tools;
 mod wake;
 
 pub use config::{
-    EmptySlaveStart, FlushMode, HaConfig, HaRole, RetentionConfig, StoreConfig, SyncFlushIo,
+    EmptySlaveStart, FlushMode, HaConfig, HaRole, RetentionConfig, ScheduleConfig, StoreConfig,
+    SyncFlushIo,
 };
 pub use error::{Error, Result};
 pub use message::{

@@ -79,6 +79,18 @@ pub enum IllegalReason {
     BatchInvalid,
     /// A transaction sysflag on a batch (RocketMQ refuses those).
     BatchTransaction,
+    /// A batch with a delayed or timed message (RocketMQ refuses delay levels in
+    /// batches; put them one at a time).
+    BatchScheduled,
+    /// `DELAY` or a timer property (`TIMER_DELAY_SEC`, `TIMER_DELAY_MS`,
+    /// `TIMER_DELIVER_MS`, `__STARTDELIVERTIME`) is not an integer (RocketMQ 5
+    /// `WHEEL_TIMER_MSG_ILLEGAL`).
+    ScheduleInvalid,
+    /// A delivery time further ahead than `ScheduleConfig::timer_max_delay` (3 days).
+    TimerTooFar,
+    /// A timed message while `ScheduleConfig::timer_enable` is off (RocketMQ 5
+    /// `WHEEL_TIMER_NOT_ENABLE`).
+    TimerDisabled,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1319,3 +1319,57 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// config/delayOffset.json (RocketMQ's fastjson text, coremq's delivery positions)
+// ---------------------------------------------------------------------------
+
+use coremq::format::delay_offset::DelayOffsets;
+
+fn delay_offsets() -> impl Strategy<Value = DelayOffsets> {
+    (
+        prop::collection::btree_map(1..300i32, 0..i64::MAX, 0..20),
+        any::<i64>(),
+        prop::option::of(0..i64::MAX as u64),
+        prop::collection::btree_map(
+            (any::<u32>(), any::<u32>()),
+            (0..i64::MAX as u64, 0..i64::MAX as u64),
+            0..20,
+        ),
+    )
+        .prop_map(
+            |(offset_table, counter, log_offset, delivered)| DelayOffsets {
+                offset_table,
+                counter,
+                log_offset,
+                delivered,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn delay_offset_random_bytes(buf in bytes(400)) {
+        if let Ok(d) = DelayOffsets::decode(&buf) {
+            prop_assert_eq!(DelayOffsets::decode(&d.encode(0)), Ok(d));
+        }
+    }
+
+    #[test]
+    fn delay_offset_round_trip(d in delay_offsets(), now in any::<i64>()) {
+        prop_assert_eq!(DelayOffsets::decode(&d.encode(now)), Ok(d));
+    }
+
+    /// Any byte of a valid file changed: an error or some document, never a panic.
+    #[test]
+    fn delay_offset_mutations(d in delay_offsets(), at in any::<Index>(), value in any::<u8>()) {
+        let mut text = d.encode(1);
+        let i = at.index(text.len());
+        text[i] = value;
+        let _ = DelayOffsets::decode(&text);
+        text.truncate(i);
+        let _ = DelayOffsets::decode(&text);
+    }
+}

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod consume_queue;
+pub mod delay_offset;
 pub mod deleted_topics;
 pub mod flush_mark;
 pub mod ha;
@@ -17,6 +18,7 @@ pub mod manifest;
 pub mod msg_id;
 pub mod properties;
 pub mod record;
+pub mod schedule;
 
 /// What was wrong with bytes read from disk. Kept small and `Copy` so it can be
 /// carried inside errors that also name the file and offset.

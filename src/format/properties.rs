@@ -21,12 +21,14 @@ pub const TRANSIENT_PREFIX: &str = "__RMQ.TRANSIENT.";
 pub const CRC32_RESERVED_LEN: usize = CRC32.len() + 1 + 10 + 1;
 const _: () = assert!(CRC32_RESERVED_LEN == 20);
 
-/// Encodes `props` in order into `out`, skipping transient and `__CRC32#` entries.
+/// Encodes `props` in order into `out`, skipping transient and `__CRC32#` entries
+/// and the delivery position (`schedule::POSITION`, written only by the store).
 /// Returns `false` (leaving `out` partially written) if a name or value contains a
 /// separator byte, which would make the string ambiguous.
 pub fn encode_into(props: &[(String, String)], out: &mut Vec<u8>) -> bool {
     for (name, value) in props {
-        if name == CRC32 || name.starts_with(TRANSIENT_PREFIX) {
+        if name == CRC32 || name.starts_with(TRANSIENT_PREFIX) || name == super::schedule::POSITION
+        {
             continue;
         }
         if has_separator(name) || has_separator(value) || name.is_empty() {

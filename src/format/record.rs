@@ -56,6 +56,7 @@ pub const SYSFLAG_BORNHOST_V6: i32 = 0x10;
 pub const SYSFLAG_STOREHOST_V6: i32 = 0x20;
 pub const SYSFLAG_TRANSACTION_MASK: i32 = 0xC;
 pub const SYSFLAG_TRANSACTION_PREPARED: i32 = 0x4;
+pub const SYSFLAG_TRANSACTION_COMMIT: i32 = 0x8;
 pub const SYSFLAG_TRANSACTION_ROLLBACK: i32 = 0xC;
 
 /// Fixed bytes of a V1 record with IPv4 hosts and empty body, topic and properties.

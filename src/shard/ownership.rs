@@ -26,7 +26,7 @@
 use crate::message::LogOffset;
 
 /// Bits of a commit-log offset below the shard number: 2^56 bytes (64 PiB) per shard.
-pub const SHARD_SHIFT: u32 = 56;
+pub const SHARD_SHIFT: u32 = crate::config::LOG_SHARD_SHIFT;
 /// Most shards a store can have (offsets stay below 2^63: RocketMQ's offsets are Java `long`s).
 pub const MAX_SHARDS: usize = 1 << (63 - SHARD_SHIFT);
 

@@ -21,6 +21,7 @@
 
 use super::handle::{self, Handle, Inbox};
 use super::meta::read_or_create_meta;
+use super::ops::Route;
 use super::ownership::{MAX_SHARDS, SHARD_SHIFT};
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
@@ -169,8 +170,13 @@ impl ShardedStore {
             let _ = store.stop();
             return Err(e);
         }
-        // The one call up the module list: the HA service reaches the shards only
-        // through the public handle (`crate::ha`).
+        // The calls up the module list: scheduled delivery (`crate::schedule`) runs on
+        // every master shard, reaching the others through its context; the HA service
+        // reaches the shards only through the public handle (`crate::ha`).
+        if let Err(e) = start_services(&store.handle, &cfg.store) {
+            let _ = store.stop();
+            return Err(e);
+        }
         match crate::ha::HaService::start(&store.handle, &cfg.store.ha) {
             Ok(ha) => store.ha = ha,
             Err(e) => {
@@ -204,6 +210,16 @@ impl ShardedStore {
         if self.threads.is_empty() {
             return Ok(());
         }
+        // Services first, on every shard, while every shard still serves: a service
+        // may wait on a put to another shard (`Store::stop_services`).
+        let stops: Vec<_> = (0..self.handle.shards())
+            .filter(|&i| self.handle.is_alive(i))
+            .map(|i| {
+                self.handle
+                    .run_at(i, &(), async |s, _| s.stop_services().await)
+            })
+            .collect();
+        let _ = futures_lite::future::block_on(crate::wake::join_all(stops));
         let alive = &self.handle.shared.alive;
         let mut first_err = None;
         for (i, answer) in self.handle.shut_down_all().into_iter().enumerate() {
@@ -234,6 +250,19 @@ impl Drop for ShardedStore {
             tracing::error!(error = %e, "shutdown on drop failed");
         }
     }
+}
+
+/// Starts the delivery services (`crate::schedule`) on every shard of a master whose
+/// configuration asks for them.
+fn start_services(handle: &Handle, cfg: &StoreConfig) -> Result<()> {
+    if !cfg.schedule.deliver || cfg.ha.role == crate::config::HaRole::Slave {
+        return Ok(());
+    }
+    for shard in 0..handle.shards() {
+        let job = handle.run_on(shard, |ctx| async move { crate::schedule::start(ctx) });
+        futures_lite::future::block_on(job)??;
+    }
+    Ok(())
 }
 
 /// Lives as long as a shard's main task. When the task ends, or its thread does (a

@@ -110,6 +110,9 @@ impl Inner {
     ) -> Result<()> {
         let dispatch_safe = manifest.dispatch_safe;
         let queue_count = manifest.queues.len();
+        // The delivered positions first, covering everything below where recovery
+        // will resume from this checkpoint (`delivered.rs`).
+        self.write_delivered(dispatch_safe.min(log_flushed)).await?;
         let cp = Checkpoint {
             queue_count: queue_count as u32,
             crc_required_from: self.log.crc_required_from(),

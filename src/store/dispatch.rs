@@ -30,7 +30,6 @@ use crate::consume_queue::Placed;
 use crate::error::{Error, Result};
 use crate::format::Corruption;
 use crate::format::consume_queue::CqEntry;
-use crate::format::java::tags_code;
 use crate::format::record::{self, Decoded, RecordView, Records, Verify};
 use std::rc::Rc;
 use std::time::Duration;
@@ -196,6 +195,7 @@ impl Inner {
         for (at, d) in records.by_ref() {
             match d {
                 Ok(Decoded::Record(r)) => {
+                    self.note_delivered(&r);
                     if r.is_dispatched_to_queue() {
                         done.appended += self.place_entry(&r, rebuild)? as u64;
                     }
@@ -281,7 +281,7 @@ impl Inner {
         let entry = CqEntry {
             phys_offset: r.phys_offset,
             size: r.total_size as i32,
-            tags_code: tags_code(r.tags()),
+            tags_code: self.tags_code_of(r),
         };
         self.last_dispatched_ts.set(r.store_timestamp);
         match q.cq.put(r.queue_offset as u64, entry, rebuild) {

@@ -38,6 +38,7 @@
 
 mod checkpoint;
 mod deadlines;
+mod delivered;
 mod dispatch;
 mod get;
 mod group_transfer;
@@ -45,6 +46,7 @@ mod put;
 mod query;
 mod recovery;
 mod retention;
+mod scheduled;
 mod space;
 
 use crate::commit_log::CommitLog;
@@ -107,6 +109,8 @@ struct Inner {
     /// (dispatch-safe offset, flushed offset) of the last checkpoint written: what
     /// recovery would start from, so retention deletes nothing at or past it.
     checkpointed: Cell<(u64, u64)>,
+    /// Delay levels, delivered positions, attached services (`scheduled.rs`).
+    sched: scheduled::Scheduling,
 }
 
 pub use group_transfer::SlaveGuard;
@@ -148,6 +152,7 @@ impl Drop for Owner {
         let inner = &self.0;
         if inner.state.get() == State::Running {
             tracing::warn!(root = %inner.cfg.root.display(), "store dropped without shutdown");
+            inner.signal_services();
             inner.stop_tasks();
         }
     }
@@ -210,6 +215,8 @@ impl Store {
         if inner.state.get() != State::Running {
             return Ok(());
         }
+        // Services first: they put into this store (`scheduled.rs`).
+        self.stop_services().await;
         inner.stop_tasks();
         let tasks: Vec<_> = inner.tasks.borrow_mut().drain(..).collect();
         for t in tasks {

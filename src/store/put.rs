@@ -25,11 +25,12 @@
 //! * Waiting puts are timed out by the store's deadline ticker (`deadlines.rs`), not by
 //!   a timer per put; an async put reads the clock only if it has to wait.
 
-use super::{Inner, State, Store};
+use super::{Inner, State, Store, scheduled};
 use crate::config::{FlushMode, HaRole};
 use crate::format::msg_id::MessageId;
 use crate::format::properties;
 use crate::format::record::{self, RecordFields};
+use crate::format::schedule::{Admission, Position};
 use crate::message::*;
 use crate::wake::Deadline;
 
@@ -79,7 +80,37 @@ impl Store {
         self.put_many(msgs).await
     }
 
+    /// Puts `msgs`; a delayed or timed message goes to its schedule topic
+    /// (`scheduled.rs`), and a batch may not hold one.
     async fn put_many(&self, msgs: &[Message]) -> PutResult {
+        let inner = &self.inner;
+        match msgs {
+            [m] => match inner.admit(m) {
+                Admission::Plain => {}
+                Admission::Refused(r) => return PutResult::refused(scheduled::refusal_status(r)),
+                a => {
+                    let s = inner.scheduled_copy(m, a);
+                    return self.put_records(std::slice::from_ref(&s), None).await;
+                }
+            },
+            _ => {
+                if msgs.iter().any(|m| inner.admit(m) != Admission::Plain) {
+                    return PutResult::refused(PutStatus::MessageIllegal(
+                        IllegalReason::BatchScheduled,
+                    ));
+                }
+            }
+        }
+        self.put_records(msgs, None).await
+    }
+
+    /// Stores `msgs` as they are; a delivery (`delivery` set) carries its position
+    /// as its first property and never waits for a sync flush.
+    pub(super) async fn put_records(
+        &self,
+        msgs: &[Message],
+        delivery: Option<Position>,
+    ) -> PutResult {
         let inner = &self.inner;
         for m in msgs {
             if let Some(status) = inner.check_message(m) {
@@ -93,6 +124,9 @@ impl Store {
         ps.lens.clear();
         for m in msgs {
             let start = ps.props.len();
+            if let Some(p) = delivery {
+                p.encode_property(&mut ps.props);
+            }
             if !properties::encode_into(&m.properties, &mut ps.props) {
                 *inner.put_scratch.borrow_mut() = ps;
                 return PutResult::refused(PutStatus::MessageIllegal(
@@ -122,7 +156,7 @@ impl Store {
         // An async put never waits for I/O; yield when this task queue's slice is
         // used up so a tight put loop cannot starve the writer and dispatcher.
         glommio::yield_if_needed().await;
-        let wait = msgs[0].property(properties::WAIT) != Some("false");
+        let wait = delivery.is_none() && msgs[0].property(properties::WAIT) != Some("false");
         // SYNC_MASTER: the slave's wait runs beside the flush's (RocketMQ's
         // `handleDiskFlush` and `handleHA`); a replica status wins over the flush's.
         let replicated = async {

@@ -212,6 +212,7 @@ async fn open_structures(
         transfer: Default::default(),
         clean: cleaner,
         checkpointed: Cell::new((0, 0)),
+        sched: super::scheduled::Scheduling::load(cfg)?,
     });
     let files = queue_files(&inner, cp.as_ref(), damaged, dropped);
     let queues_from = match decide(Facts::Loaded {
@@ -294,7 +295,10 @@ async fn scan_and_dispatch(inner: &Inner, rec: &mut Recovery) -> Result<()> {
         durable_below: cp_flushed.max(mark.unwrap_or(0)),
         marked: mark.is_some(),
         trust_end: rec.clean && rec.cp.is_some(),
-        replay_from: rec.queues_from.min(rec.index_from),
+        // From the scan's start at least: the delivered positions resume there
+        // (`store/delivered.rs`); the queues and the index skip what is below their
+        // own points.
+        replay_from: rec.queues_from.min(rec.index_from).min(scan_from),
     };
     let mut replay = Replay {
         inner,
@@ -408,6 +412,8 @@ struct Replay<'a> {
 
 impl RecordSink for Replay<'_> {
     async fn record(&mut self, pos: u64, r: &RecordView<'_>) -> Result<()> {
+        // Every replayed record: the delivered positions resume below the queues.
+        self.inner.note_delivered(r);
         if pos >= self.queues_from && self.queue_failure.is_none() && r.is_dispatched_to_queue() {
             match self.inner.place_entry(r, self.rebuild) {
                 Ok(appended) => self.placed += appended as u64,
