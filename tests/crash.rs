@@ -451,6 +451,15 @@ fn crash_cycles(mode: FlushMode, io: SyncFlushIo, cycles: usize) {
             .and_then(|s| s.parse().ok())
             .unwrap_or(delay);
         std::thread::sleep(Duration::from_millis(delay));
+        // On a loaded machine the first acknowledgement can take longer than the delay:
+        // kill only once the child has acknowledged something (a child that
+        // acknowledges nothing for 30 s fails below).
+        while read_acks(&ack_path).is_empty() && started.elapsed() < Duration::from_secs(30) {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         if let Some(status) = child.try_wait().unwrap() {
             panic!(
                 "cycle {cycle}: child died on its own ({status}):\n{}",
