@@ -207,6 +207,7 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
         next: 0,
     };
     let mut total_checked = 0;
+    let mut last_min = 0;
     for cycle in 0..cycles {
         let log = dir.path().join(format!("child-{cycle}.log"));
         let envs = [
@@ -215,8 +216,24 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
             // Numbers never repeat across children.
             (START_ENV, OsString::from((acked.next + 1000).to_string())),
         ];
+        let acked_lines_before = std::fs::read_to_string(&acks)
+            .unwrap_or_default()
+            .lines()
+            .count();
         let mut child = spawn_self("retention_kill_child", &envs, &log);
         std::thread::sleep(Duration::from_millis(rng.range(300, 1500)));
+        if cycle + 1 == cycles {
+            // The last child runs until it wrote a few segments (retention must have
+            // had something to delete by the end, however loaded the machine is).
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_secs(60) {
+                let lines = std::fs::read_to_string(&acks).unwrap_or_default();
+                if lines.lines().count() >= acked_lines_before + 2000 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         if let Ok(Some(status)) = child.try_wait() {
             panic!("child exited early ({status}): {}", log_tail(&log, 3000));
         }
@@ -250,7 +267,10 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
             "cycle {cycle}: {} acked so far, {checked} present and checked, log min {min}",
             acked.puts.values().map(|m| m.len()).sum::<usize>()
         );
-        assert!(min > 0 || cycle == 0, "retention deleted something by now");
+        last_min = min;
     }
     assert!(total_checked > 0);
+    // How far a child gets before its kill depends on the machine's load: the
+    // deletion is required by the end, not by any one cycle.
+    assert!(last_min > 0, "retention deleted nothing in {cycles} cycles");
 }

@@ -102,8 +102,9 @@ pub struct CleanStats {
 
 /// A shard's cleaner: its settings, state and counters (module docs).
 pub struct Cleaner {
-    cfg: RetentionConfig,
-    hours: Vec<u8>,
+    /// The settings and `delete_when`'s hours; replaced at run time by
+    /// [`Cleaner::set_config`] (a pass uses the ones it started with).
+    cfg: RefCell<(RetentionConfig, Vec<u8>)>,
     wake: Notify,
     /// Serialises passes.
     lock: glommio::sync::Semaphore,
@@ -119,8 +120,7 @@ impl Cleaner {
     pub fn new(cfg: RetentionConfig, deleted: topics::DeletedTopicSet) -> Result<Cleaner> {
         let hours = cfg.delete_hours()?;
         Ok(Cleaner {
-            cfg,
-            hours,
+            cfg: RefCell::new((cfg, hours)),
             wake: Notify::default(),
             lock: glommio::sync::Semaphore::new(1),
             level: Cell::new(Level::Normal),
@@ -136,6 +136,22 @@ impl Cleaner {
     /// Starts a pass now (a put found the disk full; the store stops).
     pub fn wake(&self) {
         self.wake.notify();
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> RetentionConfig {
+        self.cfg.borrow().0.clone()
+    }
+
+    /// Replaces the settings (the next pass uses them), after checking them as
+    /// opening a store does.
+    pub fn set_config(&self, cfg: RetentionConfig, disk_full_ratio: f64) -> Result<()> {
+        cfg.validate(disk_full_ratio)?;
+        let hours = cfg.delete_hours()?;
+        tracing::info!(?cfg, "retention settings changed");
+        *self.cfg.borrow_mut() = (cfg, hours);
+        self.wake();
+        Ok(())
     }
 
     pub fn stats(&self) -> CleanStats {
@@ -200,7 +216,7 @@ fn local_hour(utc_ms: i64) -> u8 {
 /// stops.
 pub(crate) async fn run<O: Owner>(owner: Rc<O>) {
     loop {
-        let interval = owner.cleaner().cfg.clean_interval;
+        let interval = owner.cleaner().cfg.borrow().0.clean_interval;
         futures_lite::future::or(owner.cleaner().wake.wait(), glommio::timer::sleep(interval))
             .await;
         if !owner.running() {
@@ -237,7 +253,8 @@ pub(crate) async fn pass<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
 
 async fn pass_locked<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
     let c = o.cleaner();
-    let cfg = &c.cfg;
+    let (cfg, hours) = c.cfg.borrow().clone();
+    let cfg = &cfg;
     let level_now = || {
         let space = o.disk_space();
         let ratio = usage(space);
@@ -279,7 +296,7 @@ async fn pass_locked<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
             None => false,
         };
         let facts = Facts {
-            hour: c.hours.contains(&local_hour(now)),
+            hour: hours.contains(&local_hour(now)),
             level,
             manual,
             forcibly: cfg.clean_file_forcibly,

@@ -46,6 +46,7 @@ mod query;
 mod recovery;
 mod retention;
 mod space;
+mod stats;
 
 use crate::commit_log::CommitLog;
 use crate::commit_log::read_cache::{ReadCache, ReadCacheStats};
@@ -107,6 +108,8 @@ struct Inner {
     /// (dispatch-safe offset, flushed offset) of the last checkpoint written: what
     /// recovery would start from, so retention deletes nothing at or past it.
     checkpointed: Cell<(u64, u64)>,
+    /// StoreStatsService's counters (`crate::stats`).
+    stats: crate::stats::StatsRecorder,
 }
 
 pub use group_transfer::SlaveGuard;
@@ -251,7 +254,9 @@ impl Inner {
             } else {
                 Latency::NotImportant
             };
-            executor().create_task_queue(Shares::Static(shares), latency, name)
+            let q = executor().create_task_queue(Shares::Static(shares), latency, name);
+            crate::shard::stall::name_queue(q, name);
+            q
         };
         let tasks: [(&str, usize, Task); 4] = [
             (

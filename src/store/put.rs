@@ -79,7 +79,21 @@ impl Store {
         self.put_many(msgs).await
     }
 
+    /// [`Store::put_many_unrecorded`], counted in the store's statistics.
     async fn put_many(&self, msgs: &[Message]) -> PutResult {
+        let started = std::time::Instant::now();
+        let r = self.put_many_unrecorded(msgs).await;
+        let stored = r.status.is_stored();
+        self.inner.stats.put(
+            started,
+            if stored { msgs.len() as u64 } else { 0 },
+            r.wrote_bytes as u64,
+            !stored,
+        );
+        r
+    }
+
+    async fn put_many_unrecorded(&self, msgs: &[Message]) -> PutResult {
         let inner = &self.inner;
         for m in msgs {
             if let Some(status) = inner.check_message(m) {

@@ -212,6 +212,7 @@ async fn open_structures(
         transfer: Default::default(),
         clean: cleaner,
         checkpointed: Cell::new((0, 0)),
+        stats: crate::stats::StatsRecorder::new(),
     });
     let files = queue_files(&inner, cp.as_ref(), damaged, dropped);
     let queues_from = match decide(Facts::Loaded {
