@@ -66,6 +66,8 @@ pub(crate) trait Owner {
     fn disk_reserve_bytes(&self) -> u64;
     /// Whether the store still runs.
     fn running(&self) -> bool;
+    /// The store's self-check (`store/self_check.rs`), run under the pass lock.
+    fn check_self(&self) -> impl std::future::Future<Output = Result<crate::store::SelfCheckReport>>;
 }
 
 /// What one pass did (also what `Store::delete_expired_files` returns).
@@ -98,6 +100,9 @@ pub struct CleanStats {
     pub level: &'static str,
     /// Disk use the last pass saw (used / total), 0 when unknown.
     pub disk_ratio: f64,
+    /// Self-checks run in this task, and the problems they found.
+    pub self_checks: u64,
+    pub self_check_problems: u64,
 }
 
 /// A shard's cleaner: its settings, state and counters (module docs).
@@ -215,6 +220,7 @@ fn local_hour(utc_ms: i64) -> u8 {
 /// The cleaner task: a pass every `clean_interval`, or when woken, until the store
 /// stops.
 pub(crate) async fn run<O: Owner>(owner: Rc<O>) {
+    let mut last_check = std::time::Instant::now();
     loop {
         let interval = owner.cleaner().cfg.borrow().0.clean_interval;
         futures_lite::future::or(owner.cleaner().wake.wait(), glommio::timer::sleep(interval))
@@ -225,7 +231,29 @@ pub(crate) async fn run<O: Owner>(owner: Rc<O>) {
         if let Err(e) = pass(&*owner, false).await {
             tracing::error!(error = %e, "retention pass failed; the store keeps serving");
         }
+        let every = owner.cleaner().cfg.borrow().0.self_check_interval;
+        if !every.is_zero() && last_check.elapsed() >= every && owner.running() {
+            last_check = std::time::Instant::now();
+            if let Err(e) = self_check(&*owner).await {
+                tracing::error!(error = %e, "self-check failed to run");
+            }
+        }
     }
+}
+
+/// The store's self-check under the pass lock (no deletion meanwhile), counted.
+pub(crate) async fn self_check<O: Owner>(o: &O) -> Result<crate::store::SelfCheckReport> {
+    let c = o.cleaner();
+    let _pass = c
+        .lock
+        .acquire_permit(1)
+        .await
+        .map_err(|e| Error::Failed(e.to_string()))?;
+    let rep = o.check_self().await?;
+    let mut st = c.stats.borrow_mut();
+    st.self_checks += 1;
+    st.self_check_problems += rep.problems.len() as u64;
+    Ok(rep)
 }
 
 /// One pass (module docs); `manual`: RocketMQ's `executeDeleteFilesManually`.

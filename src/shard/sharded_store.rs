@@ -297,22 +297,13 @@ async fn shard_main(
     ready: flume::Sender<Result<()>>,
     beats: Option<Arc<Beats>>,
 ) {
-    if let Some(b) = beats {
-        use glommio::{Latency, Shares, executor};
-        let tick = (b.threshold() / 4).max(Duration::from_millis(1));
-        let tq = executor().create_task_queue(Shares::Static(1000), Latency::Matters(tick), "stall-watch");
-        super::stall::name_queue(tq, "stall-watch");
-        if let Ok(t) = glommio::spawn_local_into(b.run_heartbeat(shard), tq) {
-            t.detach();
-        }
-    }
     let alive = Alive {
         shard,
         handle,
         inbox: inbox.clone(),
     };
     ALIVE.with(|a| *a.borrow_mut() = Some(alive));
-    shard_serve(shard, cfg, inbox, ready).await;
+    shard_serve(shard, cfg, inbox, ready, beats).await;
     // A normal end: dead from here (a panic's end is the thread-local's destructor).
     ALIVE.with(|a| drop(a.borrow_mut().take()));
 }
@@ -322,9 +313,24 @@ async fn shard_serve(
     cfg: StoreConfig,
     inbox: Inbox,
     ready: flume::Sender<Result<()>>,
+    beats: Option<Arc<Beats>>,
 ) {
     match Store::open(cfg).await {
         Ok(store) => {
+            // Watched from here: opening blocks on file-system calls by design.
+            if let Some(b) = beats {
+                use glommio::{Latency, Shares, executor};
+                let tick = (b.threshold() / 4).max(Duration::from_millis(1));
+                let tq = executor().create_task_queue(
+                    Shares::Static(1000),
+                    Latency::Matters(tick),
+                    "stall-watch",
+                );
+                super::stall::name_queue(tq, "stall-watch");
+                if let Ok(t) = glommio::spawn_local_into(b.run_heartbeat(shard), tq) {
+                    t.detach();
+                }
+            }
             let _ = ready.send(Ok(()));
             handle::serve(&inbox, store).await;
         }

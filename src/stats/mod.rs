@@ -201,6 +201,8 @@ pub struct StoreStats {
     pub log_max: u64,
     /// Turns of the shard's executor over the stall threshold (`crate::shard::stall`).
     pub stalls: u64,
+    /// The last stall: how long and which task queues ran (per shard).
+    pub last_stall: Option<String>,
     /// Self-check runs, and problems they found (`crate::store::self_check`).
     pub self_checks: u64,
     pub self_check_problems: u64,

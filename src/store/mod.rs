@@ -45,6 +45,7 @@ mod put;
 mod query;
 mod recovery;
 mod retention;
+mod self_check;
 mod space;
 mod stats;
 
@@ -113,6 +114,7 @@ struct Inner {
 }
 
 pub use group_transfer::SlaveGuard;
+pub use self_check::SelfCheckReport;
 
 /// What `open` found and did, for logs and tests.
 #[derive(Debug, Clone, Default)]

@@ -76,6 +76,10 @@ impl clean::Owner for Inner {
     fn running(&self) -> bool {
         self.state.get() == State::Running && self.failed.borrow().is_none()
     }
+
+    async fn check_self(&self) -> Result<super::SelfCheckReport> {
+        self.self_check().await
+    }
 }
 
 impl Store {

@@ -23,6 +23,10 @@ impl Store {
         s.log_max = written;
         // Counted on this thread: the shard's executor when the store runs sharded.
         s.stalls = crate::shard::stall::stalls_here();
+        s.last_stall = crate::shard::stall::last_stall_here();
+        let clean = inner.clean.stats();
+        s.self_checks = clean.self_checks;
+        s.self_check_problems = clean.self_check_problems;
         s
     }
 }
