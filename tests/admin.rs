@@ -7,14 +7,17 @@
 //! config check 46 and the SQL92 refusal.
 #![cfg(feature = "node")]
 
-use bytes::Bytes;
+#[path = "common/remoting.rs"]
+mod remoting;
+
 use coremq::node::remoting::codes::*;
-use coremq::node::remoting::{RemotingCommand, SerializeType, decode_payload};
+use coremq::node::remoting::RemotingCommand;
+use remoting::Client;
 use coremq::node::{Network, Node, NodeConfig};
 use coremq::{Message, ShardedConfig, StoreConfig, StoreOps};
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -48,48 +51,6 @@ fn start(dir: &Path, network: Network) -> Node {
     r.disk_clean_forcibly_ratio = 1.0;
     store.store.disk_full_ratio = 1.0;
     Node::start_with_store(cfg, store).expect("node starts")
-}
-
-struct Client {
-    s: TcpStream,
-    opaque: i32,
-}
-
-impl Client {
-    fn connect(addr: SocketAddr) -> Client {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        Client { s, opaque: 0 }
-    }
-
-    fn call(&mut self, code: i32, fields: &[(&str, &str)], body: &[u8]) -> RemotingCommand {
-        self.opaque += 1;
-        let mut c = RemotingCommand::request(
-            code,
-            self.opaque,
-            fields
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        c.serialize_type = SerializeType::Json;
-        c.body = Bytes::copy_from_slice(body);
-        self.s.write_all(&c.encode()).unwrap();
-        let mut len = [0u8; 4];
-        self.s.read_exact(&mut len).unwrap();
-        let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
-        self.s.read_exact(&mut payload).unwrap();
-        let r = decode_payload(payload.into()).expect("a well-formed frame");
-        assert!(r.is_response());
-        assert_eq!(r.opaque, self.opaque);
-        r
-    }
-
-    fn ok(&mut self, code: i32, fields: &[(&str, &str)], body: &[u8]) -> RemotingCommand {
-        let r = self.call(code, fields, body);
-        assert_eq!(r.code, SUCCESS, "code {code}: {:?}", r.remark);
-        r
-    }
 }
 
 fn send(c: &mut Client, topic: &str, q: i32, body: &[u8], key: &str) {
