@@ -10,11 +10,11 @@
 #[path = "common/remoting.rs"]
 mod remoting;
 
-use coremq::node::remoting::codes::*;
 use coremq::node::remoting::RemotingCommand;
-use remoting::Client;
+use coremq::node::remoting::codes::*;
 use coremq::node::{Network, Node, NodeConfig};
 use coremq::{Message, ShardedConfig, StoreConfig, StoreOps};
+use remoting::Client;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -74,7 +74,13 @@ fn send(c: &mut Client, topic: &str, q: i32, body: &[u8], key: &str) {
     );
 }
 
-fn pull(c: &mut Client, topic: &str, q: i32, offset: u64, extra: &[(&str, &str)]) -> RemotingCommand {
+fn pull(
+    c: &mut Client,
+    topic: &str,
+    q: i32,
+    offset: u64,
+    extra: &[(&str, &str)],
+) -> RemotingCommand {
     let (q, offset) = (q.to_string(), offset.to_string());
     let mut fields = vec![
         ("consumerGroup", "cg"),
@@ -94,7 +100,10 @@ fn pull(c: &mut Client, topic: &str, q: i32, offset: u64, extra: &[(&str, &str)]
 
 fn json(r: &RemotingCommand) -> Value {
     serde_json::from_slice(&r.body).unwrap_or_else(|e| {
-        panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&r.body))
+        panic!(
+            "body is not JSON ({e}): {}",
+            String::from_utf8_lossy(&r.body)
+        )
     })
 }
 
@@ -128,7 +137,11 @@ fn manual_deletion_and_what_readers_see_after_it() {
     let mut c = Client::connect(node.broker_addr);
     c.ok(
         UPDATE_AND_CREATE_TOPIC,
-        &[("topic", "T"), ("readQueueNums", "1"), ("writeQueueNums", "1")],
+        &[
+            ("topic", "T"),
+            ("readQueueNums", "1"),
+            ("writeQueueNums", "1"),
+        ],
         b"",
     );
     // ~3.5 MiB into one queue: 1 MiB segments, so at least two can go.
@@ -185,7 +198,11 @@ fn manual_deletion_and_what_readers_see_after_it() {
             ],
             b"",
         );
-        let got = if r.code == SUCCESS { r.body.len().min(1) } else { 0 };
+        let got = if r.code == SUCCESS {
+            r.body.len().min(1)
+        } else {
+            0
+        };
         assert_eq!(got, want, "key {key}: code {} {:?}", r.code, r.remark);
     }
     // Topic stats (202): the queue's min and max, fastjson MessageQueue keys.
@@ -196,13 +213,23 @@ fn manual_deletion_and_what_readers_see_after_it() {
             && text.contains(&format!("\"maxOffset\":{max},\"minOffset\":{min}")),
         "{text}"
     );
-    assert_eq!(c.call(GET_TOPIC_STATS_INFO, &[("topic", "Nope")], b"").code, TOPIC_NOT_EXIST);
+    assert_eq!(
+        c.call(GET_TOPIC_STATS_INFO, &[("topic", "Nope")], b"").code,
+        TOPIC_NOT_EXIST
+    );
     // Runtime info (28): RocketMQ's keys, from the store's statistics.
     let info = json(&c.ok(GET_BROKER_RUNTIME_INFO, &[], b""));
     let t = &info["table"];
     assert_eq!(t["msgPutTotalTodayNow"], n.to_string());
     assert_eq!(t["putMessageTimesTotal"], n.to_string());
-    for k in ["putTps", "getTransferredTps", "getTransferedTps", "putMessageDistributeTime", "commitLogDiskRatio", "earliestMessageTimeStamp"] {
+    for k in [
+        "putTps",
+        "getTransferredTps",
+        "getTransferedTps",
+        "putMessageDistributeTime",
+        "commitLogDiskRatio",
+        "earliestMessageTimeStamp",
+    ] {
         assert!(t[k].is_string(), "{k} missing: {t}");
     }
     assert_eq!(t["putTps"].as_str().unwrap().split(' ').count(), 3);
@@ -217,7 +244,10 @@ fn manual_deletion_and_what_readers_see_after_it() {
     // /metrics: the store's counters and the retention's.
     let m = metrics_text(&node);
     assert_eq!(metric_sum(&m, "coremq_store_put_messages_total{"), n as f64);
-    assert!(metric_sum(&m, "coremq_retention_expired_segments_total{") >= 2.0, "{m}");
+    assert!(
+        metric_sum(&m, "coremq_retention_expired_segments_total{") >= 2.0,
+        "{m}"
+    );
     assert!(metric_sum(&m, "coremq_store_get_found_total{") >= 1.0);
     assert!(m.contains("coremq_store_put_latency_seconds_bucket{shard=\"0\",le=\"+Inf\"}"));
     node.shutdown().unwrap();
@@ -232,7 +262,11 @@ fn config_topics_groups_locks_and_filters() {
     let conf = String::from_utf8(c.ok(GET_BROKER_CONFIG, &[], b"").body.to_vec()).unwrap();
     assert!(conf.lines().any(|l| l == "fileReservedTime=0"), "{conf}");
     assert!(conf.lines().any(|l| l == "deleteWhen="), "{conf}");
-    c.ok(UPDATE_BROKER_CONFIG, &[], b"deleteWhen=05\nfileReservedTime=48\n");
+    c.ok(
+        UPDATE_BROKER_CONFIG,
+        &[],
+        b"deleteWhen=05\nfileReservedTime=48\n",
+    );
     let conf = String::from_utf8(c.ok(GET_BROKER_CONFIG, &[], b"").body.to_vec()).unwrap();
     assert!(conf.lines().any(|l| l == "deleteWhen=05"), "{conf}");
     assert!(conf.lines().any(|l| l == "fileReservedTime=48"), "{conf}");
@@ -241,13 +275,22 @@ fn config_topics_groups_locks_and_filters() {
     assert!(r.remark.unwrap().contains("listenPort"));
     let r = c.call(UPDATE_BROKER_CONFIG, &[], b"deleteWhen=25\n");
     assert_eq!(r.code, SYSTEM_ERROR, "an hour past 23 is refused");
-    assert_eq!(c.call(UPDATE_BROKER_CONFIG, &[], b"brokerConfigPath=/x\n").code, NO_PERMISSION);
+    assert_eq!(
+        c.call(UPDATE_BROKER_CONFIG, &[], b"brokerConfigPath=/x\n")
+            .code,
+        NO_PERMISSION
+    );
 
     // Delete topic (215): config, offsets and queues go; a system topic is refused.
     send(&mut c, "Gone", 0, b"hello", "kg");
     c.ok(
         UPDATE_CONSUMER_OFFSET,
-        &[("consumerGroup", "cg"), ("topic", "Gone"), ("queueId", "0"), ("commitOffset", "1")],
+        &[
+            ("consumerGroup", "cg"),
+            ("topic", "Gone"),
+            ("queueId", "0"),
+            ("commitOffset", "1"),
+        ],
         b"",
     );
     c.ok(DELETE_TOPIC_IN_BROKER, &[("topic", "Gone")], b"");
@@ -258,10 +301,20 @@ fn config_topics_groups_locks_and_filters() {
     let h = node.handle();
     let (min, max) = futures_lite::future::block_on(h.queue_offsets("Gone", 0)).unwrap();
     assert_eq!((min, max), (0, 0));
-    assert_eq!(c.call(DELETE_TOPIC_IN_BROKER, &[("topic", "TBW102")], b"").code, INVALID_PARAMETER);
+    assert_eq!(
+        c.call(DELETE_TOPIC_IN_BROKER, &[("topic", "TBW102")], b"")
+            .code,
+        INVALID_PARAMETER
+    );
     c.ok(DELETE_TOPIC_IN_NAMESRV, &[("topic", "Gone")], b"");
     let list = json(&c.ok(GET_ALL_TOPIC_LIST_FROM_NAMESERVER, &[], b""));
-    assert!(!list["topicList"].as_array().unwrap().iter().any(|t| t == "Gone"));
+    assert!(
+        !list["topicList"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "Gone")
+    );
 
     // Clean unused topics (316): queues of a topic not in the topic table go.
     let r = futures_lite::future::block_on(h.put(Message::new("Orphan", 0, b"o".to_vec())));
@@ -272,32 +325,60 @@ fn config_topics_groups_locks_and_filters() {
     assert_eq!(max, 0);
 
     // Subscription groups (200, 201, 207).
-    c.ok(UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[], br#"{"groupName":"G1","retryMaxTimes":3}"#);
+    c.ok(
+        UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        &[],
+        br#"{"groupName":"G1","retryMaxTimes":3}"#,
+    );
     let groups = json(&c.ok(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[], b""));
     assert_eq!(groups["subscriptionGroupTable"]["G1"]["retryMaxTimes"], 3);
     assert_eq!(groups["subscriptionGroupTable"]["G1"]["retryQueueNums"], 1);
-    let bad = c.call(UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[], br#"{"groupName":"a b"}"#);
+    let bad = c.call(
+        UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        &[],
+        br#"{"groupName":"a b"}"#,
+    );
     assert_eq!(bad.code, INVALID_PARAMETER);
     c.ok(DELETE_SUBSCRIPTIONGROUP, &[("groupName", "G1")], b"");
     let groups = json(&c.ok(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[], b""));
     assert!(groups["subscriptionGroupTable"].get("G1").is_none());
 
     // Consume stats (208): broker offset and the committed offset per read queue.
-    c.ok(UPDATE_AND_CREATE_TOPIC, &[("topic", "S"), ("readQueueNums", "2"), ("writeQueueNums", "2")], b"");
+    c.ok(
+        UPDATE_AND_CREATE_TOPIC,
+        &[
+            ("topic", "S"),
+            ("readQueueNums", "2"),
+            ("writeQueueNums", "2"),
+        ],
+        b"",
+    );
     for _ in 0..3 {
         send(&mut c, "S", 1, b"m", "ks");
     }
     c.ok(
         UPDATE_CONSUMER_OFFSET,
-        &[("consumerGroup", "sg"), ("topic", "S"), ("queueId", "1"), ("commitOffset", "2")],
+        &[
+            ("consumerGroup", "sg"),
+            ("topic", "S"),
+            ("queueId", "1"),
+            ("commitOffset", "2"),
+        ],
         b"",
     );
-    let stats = String::from_utf8(c.ok(GET_CONSUME_STATS, &[("consumerGroup", "sg")], b"").body.to_vec()).unwrap();
+    let stats = String::from_utf8(
+        c.ok(GET_CONSUME_STATS, &[("consumerGroup", "sg")], b"")
+            .body
+            .to_vec(),
+    )
+    .unwrap();
     assert!(
         stats.contains("\"queueId\":1,\"topic\":\"S\"}:{\"brokerOffset\":3,\"consumerOffset\":2,"),
         "{stats}"
     );
-    assert!(stats.contains("\"queueId\":0,\"topic\":\"S\"}:{\"brokerOffset\":0,\"consumerOffset\":0,"));
+    assert!(
+        stats.contains("\"queueId\":0,\"topic\":\"S\"}:{\"brokerOffset\":0,\"consumerOffset\":0,")
+    );
 
     // Queue locks (41, 42): granted, refused to another client, released by the owner.
     let mq = |q: i32| serde_json::json!({"topic": "S", "brokerName": "b", "queueId": q});
@@ -306,12 +387,25 @@ fn config_topics_groups_locks_and_filters() {
             .to_string()
     };
     let granted = |r: &RemotingCommand| json(r)["lockOKMQSet"].as_array().unwrap().len();
-    assert_eq!(granted(&c.ok(LOCK_BATCH_MQ, &[], body("c1", &[0, 1]).as_bytes())), 2);
-    assert_eq!(granted(&c.ok(LOCK_BATCH_MQ, &[], body("c2", &[0, 1]).as_bytes())), 0);
+    assert_eq!(
+        granted(&c.ok(LOCK_BATCH_MQ, &[], body("c1", &[0, 1]).as_bytes())),
+        2
+    );
+    assert_eq!(
+        granted(&c.ok(LOCK_BATCH_MQ, &[], body("c2", &[0, 1]).as_bytes())),
+        0
+    );
     c.ok(UNLOCK_BATCH_MQ, &[], body("c2", &[0]).as_bytes());
-    assert_eq!(granted(&c.ok(LOCK_BATCH_MQ, &[], body("c2", &[0]).as_bytes())), 0, "c2 cannot unlock c1's");
+    assert_eq!(
+        granted(&c.ok(LOCK_BATCH_MQ, &[], body("c2", &[0]).as_bytes())),
+        0,
+        "c2 cannot unlock c1's"
+    );
     c.ok(UNLOCK_BATCH_MQ, &[], body("c1", &[0]).as_bytes());
-    assert_eq!(granted(&c.ok(LOCK_BATCH_MQ, &[], body("c2", &[0, 1]).as_bytes())), 1);
+    assert_eq!(
+        granted(&c.ok(LOCK_BATCH_MQ, &[], body("c2", &[0, 1]).as_bytes())),
+        1
+    );
 
     // Filters: TAG accepted, SQL92 refused clearly (check and pull).
     let check = |kind: &str| {
@@ -322,7 +416,13 @@ fn config_topics_groups_locks_and_filters() {
     let r = c.call(CHECK_CLIENT_CONFIG, &[], check("SQL92").as_bytes());
     assert_eq!(r.code, SYSTEM_ERROR);
     assert!(r.remark.unwrap().contains("SQL92"));
-    let r = pull(&mut c, "S", 1, 0, &[("expressionType", "SQL92"), ("subscription", "a > 1")]);
+    let r = pull(
+        &mut c,
+        "S",
+        1,
+        0,
+        &[("expressionType", "SQL92"), ("subscription", "a > 1")],
+    );
     assert_eq!(r.code, SYSTEM_ERROR);
     assert!(r.remark.unwrap().contains("SQL92"));
     let r = pull(&mut c, "S", 1, 0, &[("expressionType", "TAG")]);
@@ -332,7 +432,11 @@ fn config_topics_groups_locks_and_filters() {
     // Groups persist; locks do not (RocketMQ's neither).
     let node = start(dir.path(), Network::Threads);
     let mut c = Client::connect(node.broker_addr);
-    c.ok(UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[], br#"{"groupName":"G2"}"#);
+    c.ok(
+        UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        &[],
+        br#"{"groupName":"G2"}"#,
+    );
     node.shutdown().unwrap();
     let node = start(dir.path(), Network::Threads);
     let mut c = Client::connect(node.broker_addr);

@@ -71,7 +71,12 @@ fn handle_stats_sum_the_shards() {
     let h = store.handle();
     futures_lite::future::block_on(async {
         for q in 0..8 {
-            assert!(h.put(Message::new("T", q, vec![1; 10])).await.status.is_stored());
+            assert!(
+                h.put(Message::new("T", q, vec![1; 10]))
+                    .await
+                    .status
+                    .is_stored()
+            );
         }
         let r = h.stats().await.unwrap();
         assert_eq!(r.shards.len(), 2);
@@ -82,7 +87,10 @@ fn handle_stats_sum_the_shards() {
             "{:?}",
             r.shards
         );
-        assert!(r.shards.iter().all(|s| s.put_messages > 0), "both shards own queues 0..8");
+        assert!(
+            r.shards.iter().all(|s| s.put_messages > 0),
+            "both shards own queues 0..8"
+        );
     });
     store.shutdown().unwrap();
 }
@@ -94,7 +102,11 @@ fn a_blocked_executor_is_reported_as_a_stall_of_its_shard() {
     let h = store.handle();
     let stalls = |h: &coremq::Handle| {
         let r = futures_lite::future::block_on(h.stats()).unwrap();
-        (r.shards[0].stalls, r.shards[1].stalls, r.shards[0].last_stall.clone())
+        (
+            r.shards[0].stalls,
+            r.shards[1].stalls,
+            r.shards[0].last_stall.clone(),
+        )
     };
     std::thread::sleep(Duration::from_millis(200));
     let (before0, before1, _) = stalls(&h);
@@ -105,8 +117,16 @@ fn a_blocked_executor_is_reported_as_a_stall_of_its_shard() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let (after0, after1, last) = stalls(&h);
-    assert!(after0 > before0, "shard 0's stall was counted ({before0} -> {after0})");
-    assert_eq!(after1, before1, "shard 1 did not stall: {:?}", futures_lite::future::block_on(h.stats()).unwrap().shards[1].last_stall);
+    assert!(
+        after0 > before0,
+        "shard 0's stall was counted ({before0} -> {after0})"
+    );
+    assert_eq!(
+        after1,
+        before1,
+        "shard 1 did not stall: {:?}",
+        futures_lite::future::block_on(h.stats()).unwrap().shards[1].last_stall
+    );
     let last = last.expect("the last stall is described");
     assert!(last.contains("ran"), "what ran: {last}");
     store.shutdown().unwrap();
@@ -141,7 +161,11 @@ fn self_check_reports_missing_and_left_over_files_and_changes_nothing() {
         glommio::timer::sleep(Duration::from_millis(100)).await;
         let rep = store.self_check().await.unwrap();
         assert_eq!(rep.problems, Vec::<String>::new());
-        assert!(rep.files >= 3 + 2, "segments and queue files looked at: {}", rep.files);
+        assert!(
+            rep.files >= 3 + 2,
+            "segments and queue files looked at: {}",
+            rep.files
+        );
         // A segment held but gone from the directory (renamed away), and a file left
         // below the first segment.
         let log_dir = root.join("commitlog");
@@ -152,13 +176,21 @@ fn self_check_reports_missing_and_left_over_files_and_changes_nothing() {
         let cq_first = std::fs::read(&leftover).unwrap().len();
         let rep = store.self_check().await.unwrap();
         assert_eq!(rep.problems.len(), 1, "{:?}", rep.problems);
-        assert!(rep.problems[0].contains("held but not on disk"), "{:?}", rep.problems);
+        assert!(
+            rep.problems[0].contains("held but not on disk"),
+            "{:?}",
+            rep.problems
+        );
         std::fs::rename(&aside, &first).unwrap();
         let stray = root.join("index").join("00000000000000000");
         std::fs::write(&stray, b"x").unwrap();
         let rep = store.self_check().await.unwrap();
         assert_eq!(rep.problems.len(), 1, "{:?}", rep.problems);
-        assert!(rep.problems[0].contains("below the first file held"), "{:?}", rep.problems);
+        assert!(
+            rep.problems[0].contains("below the first file held"),
+            "{:?}",
+            rep.problems
+        );
         // The periodic check counts it too, and nothing was changed.
         glommio::timer::sleep(Duration::from_millis(300)).await;
         let s = store.stats();

@@ -155,7 +155,11 @@ async fn read_queue(store: &Store, topic: &str, q: i32) -> Vec<StoredMessage> {
         let r = store.get(topic, q, off, 32, 1 << 20).await.expect("get");
         match r.status {
             GetStatus::Found => {
-                out.extend(r.records.iter().map(|raw| StoredMessage::decode(raw).unwrap()));
+                out.extend(
+                    r.records
+                        .iter()
+                        .map(|raw| StoredMessage::decode(raw).unwrap()),
+                );
                 off = r.next_begin_offset;
             }
             GetStatus::OffsetOverflowOne
@@ -186,11 +190,15 @@ async fn verify(store: &Store, sent: &[Sent], ctx: &str) {
             .collect();
         // Every acknowledged message at or past the minimum, in order, and nothing
         // else but messages whose put was not acknowledged.
-        let mut rest = all.iter().filter(|s| !hidden(s) && (s.offset >= min || !s.acked));
+        let mut rest = all
+            .iter()
+            .filter(|s| !hidden(s) && (s.offset >= min || !s.acked));
         for n in &have {
             loop {
                 let s = rest.next().unwrap_or_else(|| {
-                    panic!("{ctx}: {topic}/{q}: message {n} read but never sent there (log min {min})")
+                    panic!(
+                        "{ctx}: {topic}/{q}: message {n} read but never sent there (log min {min})"
+                    )
                 });
                 if s.n == *n {
                     break;
@@ -203,7 +211,10 @@ async fn verify(store: &Store, sent: &[Sent], ctx: &str) {
             }
         }
         if let Some(s) = rest.find(|s| s.acked && s.offset >= min) {
-            panic!("{ctx}: {topic}/{q}: acknowledged message {} missing at the end", s.n);
+            panic!(
+                "{ctx}: {topic}/{q}: acknowledged message {} missing at the end",
+                s.n
+            );
         }
         for (m, n) in got.iter().zip(&have) {
             assert_eq!(m.body.len(), message(topic, *q, *n).body.len(), "{ctx}");
@@ -228,12 +239,20 @@ fn power_loss_at_every_sync_point_of_a_retention_pass() {
         let run = workload(&reference).await;
         let store = run.store.expect("reference run");
         verify(&store, &run.sent, "reference").await;
-        assert!(store.min_log_offset() >= 3 << 20, "the passes deleted segments");
+        assert!(
+            store.min_log_offset() >= 3 << 20,
+            "the passes deleted segments"
+        );
         assert!(store.deleted_topics().is_empty() || !store.queues().iter().any(|(t, _)| t == "B"));
         store.shutdown().await.unwrap();
         let (from, to) = (run.pass_from, reference.sync_points());
-        assert!(to > from + 10, "the retention part has sync points: {from}..{to}");
-        let only: Option<u64> = std::env::var("COREMQ_SIM_K").ok().map(|v| v.parse().unwrap());
+        assert!(
+            to > from + 10,
+            "the retention part has sync points: {from}..{to}"
+        );
+        let only: Option<u64> = std::env::var("COREMQ_SIM_K")
+            .ok()
+            .map(|v| v.parse().unwrap());
         let mut crashed_in_pass = 0;
         for k in from + 1..=to {
             if only.is_some_and(|o| o != k) {
@@ -272,7 +291,10 @@ fn power_loss_at_every_sync_point_of_a_retention_pass() {
             verify(&store, &run.sent, &ctx).await;
             store.shutdown().await.unwrap();
         }
-        eprintln!("{} crash points, {crashed_in_pass} inside the retention part", to - from);
+        eprintln!(
+            "{} crash points, {crashed_in_pass} inside the retention part",
+            to - from
+        );
         assert!(only.is_some() || crashed_in_pass * 10 >= (to - from) * 8);
     });
 }

@@ -110,7 +110,11 @@ fn a_node_on_a_small_file_system_keeps_taking_writes() {
     let mut c = Client::connect(node.broker_addr);
     c.ok(
         UPDATE_AND_CREATE_TOPIC,
-        &[("topic", "Fill"), ("readQueueNums", "2"), ("writeQueueNums", "2")],
+        &[
+            ("topic", "Fill"),
+            ("readQueueNums", "2"),
+            ("writeQueueNums", "2"),
+        ],
         b"",
     );
     let target = 2 * (FS_MIB << 20) + (FS_MIB << 19);
@@ -123,7 +127,10 @@ fn a_node_on_a_small_file_system_keeps_taking_writes() {
     let mut last_min = 0u64;
     let t0 = Instant::now();
     while sent_bytes < target {
-        assert!(t0.elapsed() < Duration::from_secs(240), "too slow: {sent_bytes} bytes sent");
+        assert!(
+            t0.elapsed() < Duration::from_secs(240),
+            "too slow: {sent_bytes} bytes sent"
+        );
         let q = (n % QUEUES as u64) as i32;
         let (code, off) = send(&mut c, q, n);
         if code == SUCCESS {
@@ -146,7 +153,10 @@ fn a_node_on_a_small_file_system_keeps_taking_writes() {
         if n % 500 == 0 {
             let r = c.ok(GET_MIN_OFFSET, &[("topic", "Fill"), ("queueId", "0")], b"");
             let min = field_u64(&r, "offset");
-            assert!(min >= last_min, "a queue's minimum went back: {last_min} -> {min}");
+            assert!(
+                min >= last_min,
+                "a queue's minimum went back: {last_min} -> {min}"
+            );
             last_min = min;
         }
     }
@@ -166,10 +176,20 @@ fn a_node_on_a_small_file_system_keeps_taking_writes() {
     let mut kept = 0;
     for (q, offs) in &acked {
         let qs = q.to_string();
-        let min = field_u64(&c.ok(GET_MIN_OFFSET, &[("topic", "Fill"), ("queueId", &qs)], b""), "offset");
-        let max = field_u64(&c.ok(GET_MAX_OFFSET, &[("topic", "Fill"), ("queueId", &qs)], b""), "offset");
+        let min = field_u64(
+            &c.ok(GET_MIN_OFFSET, &[("topic", "Fill"), ("queueId", &qs)], b""),
+            "offset",
+        );
+        let max = field_u64(
+            &c.ok(GET_MAX_OFFSET, &[("topic", "Fill"), ("queueId", &qs)], b""),
+            "offset",
+        );
         assert!(min > 0, "queue {q}: retention deleted its oldest messages");
-        assert_eq!(max, offs.keys().next_back().unwrap() + 1, "queue {q}: its end");
+        assert_eq!(
+            max,
+            offs.keys().next_back().unwrap() + 1,
+            "queue {q}: its end"
+        );
         let mut at = min;
         while at < max {
             let off = at.to_string();
@@ -192,7 +212,12 @@ fn a_node_on_a_small_file_system_keeps_taking_writes() {
             assert_eq!(r.code, SUCCESS, "queue {q} at {at}: {:?}", r.remark);
             for m in records(&r.body) {
                 let want = offs[&m.queue_offset];
-                assert_eq!(m.body, body(*q, want), "queue {q} offset {}", m.queue_offset);
+                assert_eq!(
+                    m.body,
+                    body(*q, want),
+                    "queue {q} offset {}",
+                    m.queue_offset
+                );
                 assert_eq!(m.queue_offset, at, "queue {q}: no gap");
                 at += 1;
                 kept += 1;

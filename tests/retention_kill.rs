@@ -80,14 +80,14 @@ fn retention_kill_child() {
             .unwrap();
         let mut n = start;
         loop {
-            let topic = if n % 4 == 0 { "Tmp" } else { "Main" };
+            let topic = if n.is_multiple_of(4) { "Tmp" } else { "Main" };
             let r = store.put(message(topic, n)).await;
             if r.status == PutStatus::PutOk {
                 let line = format!("P {topic} {n} {} {}\n", r.log_offset, r.msg_ids[0]);
                 log.write_all(line.as_bytes()).unwrap();
             }
             n += 1;
-            if n % 400 == 0 {
+            if n.is_multiple_of(400) {
                 // The intent first: a kill between the deletion and its ack line
                 // leaves the older Tmp messages either way.
                 log.write_all(format!("d Tmp {n}\n").as_bytes()).unwrap();
@@ -123,7 +123,9 @@ fn read_acks(path: &Path, acked: &mut Acked) {
                     .or_default()
                     .insert(n, (off.parse().unwrap(), id.to_string()));
             }
-            ["D", _, n] => acked.tmp_deleted_below = acked.tmp_deleted_below.max(n.parse().unwrap()),
+            ["D", _, n] => {
+                acked.tmp_deleted_below = acked.tmp_deleted_below.max(n.parse().unwrap())
+            }
             ["d", _, n] => acked.tmp_maybe_below = acked.tmp_maybe_below.max(n.parse().unwrap()),
             _ => {} // A line cut by the kill.
         }
@@ -137,7 +139,11 @@ async fn read_queue(store: &Store, topic: &str, q: i32) -> Vec<StoredMessage> {
         let r = store.get(topic, q, off, 32, 1 << 20).await.expect("get");
         match r.status {
             GetStatus::Found => {
-                out.extend(r.records.iter().map(|raw| StoredMessage::decode(raw).unwrap()));
+                out.extend(
+                    r.records
+                        .iter()
+                        .map(|raw| StoredMessage::decode(raw).unwrap()),
+                );
                 off = r.next_begin_offset;
             }
             GetStatus::OffsetOverflowOne
@@ -159,7 +165,10 @@ async fn verify(store: &Store, acked: &Acked, ctx: &str) -> usize {
             for m in read_queue(store, topic, q).await {
                 let n = u64::from_be_bytes(m.body[..8].try_into().unwrap());
                 assert_eq!(m.body, message(topic, n).body, "{ctx}: {topic} {n} differs");
-                assert!(!gone(n), "{ctx}: {topic} {n} came back after its topic was deleted");
+                assert!(
+                    !gone(n),
+                    "{ctx}: {topic} {n} came back after its topic was deleted"
+                );
                 have.insert(n, m);
             }
         }
@@ -169,7 +178,10 @@ async fn verify(store: &Store, acked: &Acked, ctx: &str) -> usize {
             }
             let should = *off >= min && !gone(*n);
             if should {
-                assert!(have.contains_key(n), "{ctx}: acknowledged {topic} {n} at {off} missing (min {min})");
+                assert!(
+                    have.contains_key(n),
+                    "{ctx}: acknowledged {topic} {n} at {off} missing (min {min})"
+                );
                 checked += 1;
             }
             if n % 13 == 0 {
@@ -261,7 +273,11 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
         #[cfg(feature = "tools")]
         {
             let rep = coremq::tools::inspect::check(&root).unwrap();
-            assert!(rep.is_clean(), "cycle {cycle}: inspect check: {:?}", rep.problems);
+            assert!(
+                rep.is_clean(),
+                "cycle {cycle}: inspect check: {:?}",
+                rep.problems
+            );
         }
         eprintln!(
             "cycle {cycle}: {} acked so far, {checked} present and checked, log min {min}",

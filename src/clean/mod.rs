@@ -67,7 +67,9 @@ pub(crate) trait Owner {
     /// Whether the store still runs.
     fn running(&self) -> bool;
     /// The store's self-check (`store/self_check.rs`), run under the pass lock.
-    fn check_self(&self) -> impl std::future::Future<Output = Result<crate::store::SelfCheckReport>>;
+    fn check_self(
+        &self,
+    ) -> impl std::future::Future<Output = Result<crate::store::SelfCheckReport>>;
 }
 
 /// What one pass did (also what `Store::delete_expired_files` returns).

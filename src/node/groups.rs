@@ -53,17 +53,17 @@ impl SubscriptionGroups {
     pub fn load(config_dir: &Path) -> Result<SubscriptionGroups> {
         let path = config_dir.join("subscriptionGroup.json");
         let mut table = BTreeMap::new();
-        if let Some(v) = read_json(&path)? {
-            if let Some(t) = v.get("subscriptionGroupTable").and_then(Value::as_object) {
-                for (name, c) in t {
-                    if !c.is_object() {
-                        return Err(Error::Config(format!(
-                            "{}: group {name:?} is not an object",
-                            path.display()
-                        )));
-                    }
-                    table.insert(name.clone(), c.clone());
+        if let Some(v) = read_json(&path)?
+            && let Some(t) = v.get("subscriptionGroupTable").and_then(Value::as_object)
+        {
+            for (name, c) in t {
+                if !c.is_object() {
+                    return Err(Error::Config(format!(
+                        "{}: group {name:?} is not an object",
+                        path.display()
+                    )));
                 }
+                table.insert(name.clone(), c.clone());
             }
         }
         Ok(SubscriptionGroups {
@@ -136,10 +136,13 @@ impl SubscriptionGroups {
 /// One locked queue: (topic, broker name, queue id).
 pub type LockedQueue = (String, String, i32);
 
+/// A group's locked queues: holder and last refresh.
+type GroupLocks = HashMap<LockedQueue, (String, Instant)>;
+
 /// Queue locks per consumer group (module docs).
 #[derive(Default)]
 pub struct QueueLocks {
-    groups: Mutex<HashMap<String, HashMap<LockedQueue, (String, Instant)>>>,
+    groups: Mutex<HashMap<String, GroupLocks>>,
 }
 
 impl QueueLocks {
@@ -198,10 +201,22 @@ mod tests {
         let q = |i| ("T".to_string(), "b".to_string(), i);
         assert_eq!(l.try_lock("g", "c1", &[q(0), q(1)]), vec![q(0), q(1)]);
         assert_eq!(l.try_lock("g", "c2", &[q(1), q(2)]), vec![q(2)]);
-        assert_eq!(l.try_lock("g", "c1", &[q(1)]), vec![q(1)], "its own: refreshed");
-        assert_eq!(l.try_lock("other", "c2", &[q(1)]), vec![q(1)], "groups apart");
+        assert_eq!(
+            l.try_lock("g", "c1", &[q(1)]),
+            vec![q(1)],
+            "its own: refreshed"
+        );
+        assert_eq!(
+            l.try_lock("other", "c2", &[q(1)]),
+            vec![q(1)],
+            "groups apart"
+        );
         l.unlock("g", "c2", &[q(0), q(1)]);
-        assert_eq!(l.holder("g", &q(1)).as_deref(), Some("c1"), "not c2's to unlock");
+        assert_eq!(
+            l.holder("g", &q(1)).as_deref(),
+            Some("c1"),
+            "not c2's to unlock"
+        );
         l.unlock("g", "c1", &[q(1)]);
         assert_eq!(l.holder("g", &q(1)), None);
         assert_eq!(l.try_lock("g", "c2", &[q(1)]), vec![q(1)]);

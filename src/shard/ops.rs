@@ -306,7 +306,10 @@ pub trait StoreOps: Route {
     async fn retention_stats(&self) -> Result<Vec<crate::clean::CleanStats>> {
         let mut out = Vec::new();
         for shard in 0..self.shards() {
-            out.push(self.run_at(shard, &(), async |s, _| s.retention_stats()).await?);
+            out.push(
+                self.run_at(shard, &(), async |s, _| s.retention_stats())
+                    .await?,
+            );
         }
         Ok(out)
     }

@@ -22,10 +22,10 @@
 use super::handle::{self, Handle, Inbox};
 use super::meta::read_or_create_meta;
 use super::ownership::{MAX_SHARDS, SHARD_SHIFT};
+use super::stall::Beats;
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::store::Store;
-use super::stall::Beats;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -141,9 +141,7 @@ impl Beats {
                 running = ?what,
                 "a shard's executor stalled: no task queue turned for longer than the threshold"
             );
-            LAST.with(|l| {
-                *l.borrow_mut() = Some(format!("stalled {late:?}; {}", what.join(", ")))
-            });
+            LAST.with(|l| *l.borrow_mut() = Some(format!("stalled {late:?}; {}", what.join(", "))));
         }
     }
 

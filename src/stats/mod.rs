@@ -129,7 +129,8 @@ impl Latency {
         let mut i = 0;
         for (label, bound) in ROCKETMQ_BUCKETS {
             let mut n = 0;
-            while i < self.counts.len() && LATENCY_BOUNDS_US.get(i).map_or(u64::MAX, |b| *b) <= bound
+            while i < self.counts.len()
+                && LATENCY_BOUNDS_US.get(i).map_or(u64::MAX, |b| *b) <= bound
             {
                 n += self.counts[i];
                 i += 1;
@@ -305,8 +306,7 @@ impl StatsRecorder {
     /// Takes a sample when a second has passed since the last one.
     fn tick(&self, now: Instant) {
         let mut s = self.samples.borrow_mut();
-        if s
-            .back()
+        if s.back()
             .is_some_and(|last| now.duration_since(last.at) < Duration::from_secs(1))
         {
             return;
@@ -316,9 +316,7 @@ impl StatsRecorder {
             c: self.counts.get(),
         });
         let horizon = Duration::from_secs(WINDOWS_S[2]) + KEEP_EXTRA;
-        while s.len() > 2
-            && (s.len() > MAX_SAMPLES || now.duration_since(s[1].at) > horizon)
-        {
+        while s.len() > 2 && (s.len() > MAX_SAMPLES || now.duration_since(s[1].at) > horizon) {
             s.pop_front();
         }
     }
@@ -429,7 +427,10 @@ mod tests {
         assert_eq!(l.quantile_us(0.6), 500);
         assert_eq!(l.quantile_us(1.0), 20_000_000);
         let text = l.rocketmq_distribution();
-        assert!(text.starts_with("[<=0ms]:0 [0~10ms]:3 [10~50ms]:1 "), "{text}");
+        assert!(
+            text.starts_with("[<=0ms]:0 [0~10ms]:3 [10~50ms]:1 "),
+            "{text}"
+        );
         assert!(text.ends_with("[5~10s]:0 [10s~]:1 "), "{text}");
         assert_eq!(text.matches(':').count(), 13);
     }
@@ -443,9 +444,19 @@ mod tests {
         r.get(3, 300);
         r.get(0, 0);
         let s = r.snapshot();
-        assert_eq!((s.put_calls, s.put_messages, s.put_failed, s.put_bytes), (2, 10, 1, 1000));
-        assert_eq!((s.get_found, s.get_miss, s.get_messages, s.get_bytes), (1, 1, 3, 300));
-        assert_eq!(s.put_tps, Rates([None, None, None]), "no second of history yet");
+        assert_eq!(
+            (s.put_calls, s.put_messages, s.put_failed, s.put_bytes),
+            (2, 10, 1, 1000)
+        );
+        assert_eq!(
+            (s.get_found, s.get_miss, s.get_messages, s.get_bytes),
+            (1, 1, 3, 300)
+        );
+        assert_eq!(
+            s.put_tps,
+            Rates([None, None, None]),
+            "no second of history yet"
+        );
         std::thread::sleep(Duration::from_millis(1100));
         let s = r.snapshot();
         for w in s.put_tps.0 {

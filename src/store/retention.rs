@@ -102,7 +102,9 @@ impl Store {
     /// uses them, and one starts now). Not written anywhere: the configuration the
     /// store is opened with next decides then.
     pub fn set_retention_config(&self, cfg: crate::config::RetentionConfig) -> Result<()> {
-        self.inner.clean.set_config(cfg, self.inner.cfg.disk_full_ratio)
+        self.inner
+            .clean
+            .set_config(cfg, self.inner.cfg.disk_full_ratio)
     }
 
     /// The cleaner's counters and the disk level it last saw.

@@ -42,7 +42,10 @@ struct Dir {
 }
 
 /// Reads each directory's names and the held files' sizes, off the executor.
-fn list(disk: &crate::io::Disk, dirs: &[Dir]) -> Result<Vec<(BTreeSet<String>, Vec<Option<u64>>)>> {
+/// A directory's names, and the sizes of the files held in it.
+type Listing = (BTreeSet<String>, Vec<Option<u64>>);
+
+fn list(disk: &crate::io::Disk, dirs: &[Dir]) -> Result<Vec<Listing>> {
     let mut out = Vec::new();
     for d in dirs {
         let names: BTreeSet<String> = if disk.exists(&d.dir) {
@@ -111,18 +114,21 @@ impl Inner {
             let what = format!("consume queue {}/{}", q.cq.topic, q.cq.queue_id);
             for w in l.file_starts.windows(2) {
                 if w[1] != w[0] + l.entries_per_file {
-                    problems.push(format!("{what}: gap between files at entries {} and {}", w[0], w[1]));
-                }
-            }
-            if let (Some(&first), Some(&last)) = (l.file_starts.first(), l.file_starts.last()) {
-                if l.min < first || l.max > last + l.entries_per_file || l.min > l.max {
                     problems.push(format!(
-                        "{what}: offsets {}..{} do not lie within its files {first}..{}",
-                        l.min,
-                        l.max,
-                        last + l.entries_per_file
+                        "{what}: gap between files at entries {} and {}",
+                        w[0], w[1]
                     ));
                 }
+            }
+            if let (Some(&first), Some(&last)) = (l.file_starts.first(), l.file_starts.last())
+                && (l.min < first || l.max > last + l.entries_per_file || l.min > l.max)
+            {
+                problems.push(format!(
+                    "{what}: offsets {}..{} do not lie within its files {first}..{}",
+                    l.min,
+                    l.max,
+                    last + l.entries_per_file
+                ));
             }
             let held = l
                 .file_starts
@@ -157,7 +163,12 @@ impl Inner {
             .off_executor(move |disk| {
                 let dirs: Vec<Dir> = shared
                     .into_iter()
-                    .map(|(what, dir, held, size)| Dir { what, dir, held, size })
+                    .map(|(what, dir, held, size)| Dir {
+                        what,
+                        dir,
+                        held,
+                        size,
+                    })
                     .collect();
                 list(disk, &dirs)
             })
@@ -177,7 +188,11 @@ fn compare(d: &Dir, on_disk: &BTreeSet<String>, sizes: &[Option<u64>], problems:
     for (name, size) in d.held.iter().zip(sizes) {
         let path = d.dir.join(name);
         if !on_disk.contains(name) {
-            problems.push(format!("{}: {} is held but not on disk", d.what, show(&path)));
+            problems.push(format!(
+                "{}: {} is held but not on disk",
+                d.what,
+                show(&path)
+            ));
         } else if let (Some(want), Some(have)) = (d.size, size)
             && want != *have
         {

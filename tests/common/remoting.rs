@@ -49,4 +49,3 @@ impl Client {
         r
     }
 }
-

@@ -480,13 +480,22 @@ pub fn request(g: &mut Gen, opaque: i32, seen: &[String]) -> RemotingCommand {
         SEND_BATCH_MESSAGE => batch_body(g),
         SEND_MESSAGE if g.byte().is_multiple_of(4) => batch_body(g),
         HEART_BEAT => heartbeat_body(g),
-        LOCK_BATCH_MQ | UNLOCK_BATCH_MQ | CHECK_CLIENT_CONFIG | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+        LOCK_BATCH_MQ
+        | UNLOCK_BATCH_MQ
+        | CHECK_CLIENT_CONFIG
+        | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
             if plain =>
         {
             admin_body(g, code, seen)
         }
         UPDATE_BROKER_CONFIG if plain => {
-            let key = g.pick(&["deleteWhen", "fileReservedTime", "diskMaxUsedSpaceRatio", "listenPort", "cleanResourceInterval"]);
+            let key = g.pick(&[
+                "deleteWhen",
+                "fileReservedTime",
+                "diskMaxUsedSpaceRatio",
+                "listenPort",
+                "cleanResourceInterval",
+            ]);
             format!("{key}={}\n", value(g, Kind::Num, seen, false)).into_bytes()
         }
         _ => g.bytes(96).to_vec(),

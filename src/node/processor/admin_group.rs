@@ -25,7 +25,10 @@ fn body_json(req: &RemotingCommand) -> Result<Value, Reject> {
         .map_err(|e| reject(SYSTEM_ERROR, format!("the body is not JSON: {e}")))
 }
 
-pub(super) fn update_group(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+pub(super) fn update_group(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
     let v = body_json(req)?;
     let stored = st
         .groups
@@ -39,7 +42,10 @@ pub(super) fn all_groups(st: &NodeState, req: &RemotingCommand) -> RemotingComma
     ok(req).with_body(serde_json::to_vec(&st.groups.wrapper()).unwrap_or_default())
 }
 
-pub(super) fn delete_group(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+pub(super) fn delete_group(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
     let name = field(req, "groupName")?;
     st.groups.remove(name).map_err(store_error)?;
     if req.field("cleanOffset") == Some("true") {
@@ -108,7 +114,12 @@ fn lock_body(req: &RemotingCommand) -> Result<(String, String, Vec<LockedQueue>)
     };
     let (group, client) = (s("consumerGroup")?, s("clientId")?);
     let mut queues = Vec::new();
-    for mq in v.get("mqSet").and_then(Value::as_array).into_iter().flatten() {
+    for mq in v
+        .get("mqSet")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let topic = mq.get("topic").and_then(Value::as_str);
         let broker = mq.get("brokerName").and_then(Value::as_str);
         let qid = mq
@@ -139,7 +150,10 @@ pub(super) fn lock_batch(st: &NodeState, req: &RemotingCommand) -> Result<Remoti
     Ok(ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default()))
 }
 
-pub(super) fn unlock_batch(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
+pub(super) fn unlock_batch(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
     let (group, client, queues) = lock_body(req)?;
     st.locks.unlock(&group, &client, &queues);
     Ok(ok(req))

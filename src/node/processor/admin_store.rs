@@ -68,10 +68,7 @@ pub(super) async fn runtime_info(
 ) -> Result<RemotingCommand, Reject> {
     let report = st.handle.stats().await.map_err(store_error)?;
     let t = &report.total;
-    let space = crate::io::Disk::Real
-        .space(&st.cfg.data_dir)
-        .ok()
-        .flatten();
+    let space = crate::io::Disk::Real.space(&st.cfg.data_dir).ok().flatten();
     let mut kv: BTreeMap<&str, String> = BTreeMap::new();
     let now = crate::now_ms();
     kv.insert("bootTimestamp", st.started_ms.to_string());
@@ -117,10 +114,7 @@ pub(super) async fn runtime_info(
     kv.insert("getMessageEntireTimeMax", "0".into());
     kv.insert("dispatchMaxBuffer", "0".into());
     kv.insert("msgPutTotalTodayNow", t.put_messages.to_string());
-    kv.insert(
-        "msgGetTotalTodayNow",
-        t.get_messages.to_string(),
-    );
+    kv.insert("msgGetTotalTodayNow", t.get_messages.to_string());
     kv.insert("msgPutTotalTodayMorning", "0".into());
     kv.insert("msgGetTotalTodayMorning", "0".into());
     kv.insert("msgPutTotalYesterdayMorning", "0".into());
@@ -189,14 +183,26 @@ pub(super) async fn runtime_info(
     let mut own = Vec::new();
     for (i, s) in report.shards.iter().enumerate() {
         own.push((format!("coremq_shard{i}_putTps"), s.put_tps.rocketmq_text()));
-        own.push((format!("coremq_shard{i}_logMinOffset"), s.log_min.to_string()));
-        own.push((format!("coremq_shard{i}_logMaxOffset"), s.log_max.to_string()));
+        own.push((
+            format!("coremq_shard{i}_logMinOffset"),
+            s.log_min.to_string(),
+        ));
+        own.push((
+            format!("coremq_shard{i}_logMaxOffset"),
+            s.log_max.to_string(),
+        ));
         own.push((
             format!("coremq_shard{i}_dispatchBehindBytes"),
             s.dispatch_lag.to_string(),
         ));
-        own.push((format!("coremq_shard{i}_flushBehindBytes"), s.flush_lag.to_string()));
-        own.push((format!("coremq_shard{i}_poolUse"), format!("{:.3}", s.pool_use())));
+        own.push((
+            format!("coremq_shard{i}_flushBehindBytes"),
+            s.flush_lag.to_string(),
+        ));
+        own.push((
+            format!("coremq_shard{i}_poolUse"),
+            format!("{:.3}", s.pool_use()),
+        ));
     }
     let mut table = serde_json::Map::new();
     for (k, v) in kv {
@@ -255,21 +261,38 @@ async fn config_pairs(st: &NodeState) -> Result<Vec<(String, String)>, Reject> {
     put("longPollingEnable", c.long_polling.to_string());
     put(
         "flushDiskType",
-        if c.flush == "sync" { "SYNC_FLUSH" } else { "ASYNC_FLUSH" }.into(),
+        if c.flush == "sync" {
+            "SYNC_FLUSH"
+        } else {
+            "ASYNC_FLUSH"
+        }
+        .into(),
     );
     put("brokerRole", c.role.to_ascii_uppercase());
     put("storePathRootDir", c.data_dir.display().to_string());
-    put("clientChannelMaxIdleTimeSeconds", (c.idle_timeout_ms / 1000).to_string());
-    put("fileReservedTime", (r.file_reserved_time.as_secs() / 3600).to_string());
+    put(
+        "clientChannelMaxIdleTimeSeconds",
+        (c.idle_timeout_ms / 1000).to_string(),
+    );
+    put(
+        "fileReservedTime",
+        (r.file_reserved_time.as_secs() / 3600).to_string(),
+    );
     put("deleteWhen", r.delete_when.clone());
     put(
         "diskMaxUsedSpaceRatio",
         ((r.disk_max_used_space_ratio * 100.0).round() as i64).to_string(),
     );
-    put("diskSpaceCleanForciblyRatio", r.disk_clean_forcibly_ratio.to_string());
+    put(
+        "diskSpaceCleanForciblyRatio",
+        r.disk_clean_forcibly_ratio.to_string(),
+    );
     put("cleanFileForciblyEnable", r.clean_file_forcibly.to_string());
     put("deleteFileBatchMax", r.delete_file_batch_max.to_string());
-    put("cleanResourceInterval", r.clean_interval.as_millis().to_string());
+    put(
+        "cleanResourceInterval",
+        r.clean_interval.as_millis().to_string(),
+    );
     put(
         "deleteCommitLogFilesInterval",
         r.delete_interval.as_millis().to_string(),
@@ -317,7 +340,9 @@ fn apply_key(r: &mut RetentionConfig, k: &str, v: &str) -> Result<(), String> {
             let p: f64 = v.parse().map_err(|_| bad())?;
             r.disk_max_used_space_ratio = p / 100.0;
         }
-        "diskSpaceCleanForciblyRatio" => r.disk_clean_forcibly_ratio = v.parse().map_err(|_| bad())?,
+        "diskSpaceCleanForciblyRatio" => {
+            r.disk_clean_forcibly_ratio = v.parse().map_err(|_| bad())?
+        }
         "cleanFileForciblyEnable" => r.clean_file_forcibly = v.parse().map_err(|_| bad())?,
         "deleteFileBatchMax" => r.delete_file_batch_max = v.parse().map_err(|_| bad())?,
         "cleanResourceInterval" => {
@@ -362,7 +387,10 @@ pub(super) async fn update_broker_config(
         .iter()
         .find(|(k, _)| k == "configBlackList" || k == "brokerConfigPath")
     {
-        return Err(reject(NO_PERMISSION, format!("Can not update config in black list: {k}")));
+        return Err(reject(
+            NO_PERMISSION,
+            format!("Can not update config in black list: {k}"),
+        ));
     }
     let mut r = st.handle.retention_config().await.map_err(store_error)?;
     for (k, v) in &pairs {
@@ -488,6 +516,33 @@ pub(super) async fn delete_expired(
     ))
 }
 
+/// The name server's `GET_ALL_TOPIC_LIST_FROM_NAMESERVER` (206): this node's topics.
+pub(super) fn topic_list(st: &NodeState, req: &RemotingCommand) -> RemotingCommand {
+    let list: Vec<String> = st.topics.snapshot().into_iter().map(|(t, _)| t).collect();
+    let body = serde_json::json!({ "topicList": list });
+    ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The name server's `DELETE_TOPIC_IN_NAMESRV` (216): routes come from this node's
+/// topic table, so a topic deleted on the broker (215) has no route left; this only
+/// answers whether that is so.
+pub(super) fn namesrv_delete_topic(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
+    let topic = field(req, "topic")?;
+    if st.topics.get(topic).is_some() {
+        return Err(reject(
+            SYSTEM_ERROR,
+            format!(
+                "topic {} still exists on this broker: delete it there first (code 215)",
+                clip(topic)
+            ),
+        ));
+    }
+    Ok(ok(req))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,7 +569,10 @@ mod tests {
 
     #[test]
     fn texts() {
-        assert_eq!(runtime_text(90_061_000), "[ 1 days, 1 hours, 1 minutes, 1 seconds ]");
+        assert_eq!(
+            runtime_text(90_061_000),
+            "[ 1 days, 1 hours, 1 minutes, 1 seconds ]"
+        );
         assert_eq!(human_bytes(10), "10 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(
@@ -522,31 +580,4 @@ mod tests {
             "{\"brokerName\":\"b\",\"queueId\":3,\"topic\":\"T\"}"
         );
     }
-}
-
-/// The name server's `GET_ALL_TOPIC_LIST_FROM_NAMESERVER` (206): this node's topics.
-pub(super) fn topic_list(st: &NodeState, req: &RemotingCommand) -> RemotingCommand {
-    let list: Vec<String> = st.topics.snapshot().into_iter().map(|(t, _)| t).collect();
-    let body = serde_json::json!({ "topicList": list });
-    ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default())
-}
-
-/// The name server's `DELETE_TOPIC_IN_NAMESRV` (216): routes come from this node's
-/// topic table, so a topic deleted on the broker (215) has no route left; this only
-/// answers whether that is so.
-pub(super) fn namesrv_delete_topic(
-    st: &NodeState,
-    req: &RemotingCommand,
-) -> Result<RemotingCommand, Reject> {
-    let topic = field(req, "topic")?;
-    if st.topics.get(topic).is_some() {
-        return Err(reject(
-            SYSTEM_ERROR,
-            format!(
-                "topic {} still exists on this broker: delete it there first (code 215)",
-                clip(topic)
-            ),
-        ));
-    }
-    Ok(ok(req))
 }
