@@ -407,6 +407,62 @@ fn config_topics_groups_locks_and_filters() {
         1
     );
 
+    // Connection lists (203, 204) from heartbeats; gone after unregistering.
+    let hb = serde_json::json!({
+        "clientID": "10.0.0.1@c9",
+        "consumerDataSet": [{"groupName": "hg", "consumeType": "CONSUME_PASSIVELY",
+            "messageModel": "CLUSTERING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+            "subscriptionDataSet": [{"topic": "S", "subString": "*", "expressionType": "TAG"}]}],
+        "producerDataSet": [{"groupName": "hp"}],
+    });
+    c.ok(HEART_BEAT, &[], hb.to_string().as_bytes());
+    let list = json(&c.ok(
+        GET_CONSUMER_CONNECTION_LIST,
+        &[("consumerGroup", "hg")],
+        b"",
+    ));
+    assert_eq!(
+        list["connectionSet"][0]["clientId"], "10.0.0.1@c9",
+        "{list}"
+    );
+    assert!(
+        list["connectionSet"][0]["clientAddr"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
+    assert_eq!(list["messageModel"], "CLUSTERING");
+    assert_eq!(list["subscriptionTable"]["S"]["subString"], "*");
+    let prod = json(&c.ok(
+        GET_PRODUCER_CONNECTION_LIST,
+        &[("producerGroup", "hp")],
+        b"",
+    ));
+    assert_eq!(prod["connectionSet"][0]["clientId"], "10.0.0.1@c9");
+    assert_eq!(
+        c.call(
+            GET_PRODUCER_CONNECTION_LIST,
+            &[("producerGroup", "none")],
+            b""
+        )
+        .code,
+        SYSTEM_ERROR
+    );
+    c.ok(
+        UNREGISTER_CLIENT,
+        &[("clientID", "10.0.0.1@c9"), ("consumerGroup", "hg")],
+        b"",
+    );
+    assert_eq!(
+        c.call(
+            GET_CONSUMER_CONNECTION_LIST,
+            &[("consumerGroup", "hg")],
+            b""
+        )
+        .code,
+        CONSUMER_NOT_ONLINE
+    );
+
     // Filters: TAG accepted, SQL92 refused clearly (check and pull).
     let check = |kind: &str| {
         serde_json::json!({"clientId": "c", "group": "g", "subscriptionData": {"topic": "S", "subString": "a > 1", "expressionType": kind}})

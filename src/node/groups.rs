@@ -1,6 +1,8 @@
 //! Consumer-group state the admin tool and orderly consumers need:
 //! [`SubscriptionGroups`] (RocketMQ's `SubscriptionGroupManager`,
-//! `config/subscriptionGroup.json`) and [`QueueLocks`] (`RebalanceLockManager`).
+//! `config/subscriptionGroup.json`), [`QueueLocks`] (`RebalanceLockManager`) and
+//! [`Connections`] (what `ConsumerManager` / `ProducerManager` keep of each client's
+//! connection for the connection lists, codes 203 and 204).
 //!
 //! A group's config is kept as the JSON object the tool sent, with RocketMQ's defaults
 //! filled in for the fields it left out, so every field (also ones this node does not
@@ -188,6 +190,58 @@ impl QueueLocks {
             .and_then(|t| t.get(q))
             .filter(|(_, at)| at.elapsed() <= LOCK_MAX_LIVE)
             .map(|(c, _)| c.clone())
+    }
+}
+
+/// What the last heartbeat on a connection said.
+#[derive(Debug, Clone)]
+pub struct ClientConn {
+    pub client_id: String,
+    pub addr: String,
+    pub language: String,
+    pub version: i32,
+    /// Consumer group -> its `ConsumerData` object from the heartbeat.
+    pub consumers: BTreeMap<String, Value>,
+    pub producers: Vec<String>,
+}
+
+/// The clients' connections by connection id (heartbeats set them; a closed
+/// connection's entry goes). Group membership itself is `state::Clients`' (it also
+/// expires silent clients): the lists are filtered by it.
+#[derive(Default)]
+pub struct Connections {
+    conns: Mutex<HashMap<u64, ClientConn>>,
+}
+
+impl Connections {
+    pub fn heartbeat(&self, conn: u64, info: ClientConn) {
+        lock(&self.conns).insert(conn, info);
+    }
+
+    pub fn closed(&self, conn: u64) {
+        lock(&self.conns).remove(&conn);
+    }
+
+    /// The connections whose last heartbeat named consumer `group`.
+    pub fn consumers_of(&self, group: &str) -> Vec<ClientConn> {
+        let mut v: Vec<ClientConn> = lock(&self.conns)
+            .values()
+            .filter(|c| c.consumers.contains_key(group))
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        v
+    }
+
+    /// The connections whose last heartbeat named producer `group`.
+    pub fn producers_of(&self, group: &str) -> Vec<ClientConn> {
+        let mut v: Vec<ClientConn> = lock(&self.conns)
+            .values()
+            .filter(|c| c.producers.iter().any(|g| g == group))
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        v
     }
 }
 

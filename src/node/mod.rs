@@ -107,6 +107,7 @@ pub(crate) struct NodeState {
     /// Subscription groups and queue locks (`groups.rs`).
     pub groups: groups::SubscriptionGroups,
     pub locks: groups::QueueLocks,
+    pub client_conns: groups::Connections,
     /// When the node started (ms since the epoch), for the runtime info.
     pub started_ms: i64,
     pub metrics: Metrics,
@@ -244,6 +245,7 @@ impl Node {
             arrivals: Arrivals::default(),
             groups,
             locks: groups::QueueLocks::default(),
+            client_conns: groups::Connections::default(),
             started_ms: crate::now_ms(),
             shutting: AtomicBool::new(false),
             next_queue: AtomicU64::new(0),

@@ -146,6 +146,8 @@ pub const CODES: &[i32] = &[
     LOCK_BATCH_MQ,
     UNLOCK_BATCH_MQ,
     CHECK_CLIENT_CONFIG,
+    GET_CONSUMER_CONNECTION_LIST,
+    GET_PRODUCER_CONNECTION_LIST,
     0,
     9999,
     -1,
@@ -368,6 +370,8 @@ fn fields_of(code: i32) -> &'static [(&'static str, Kind)] {
         }
         DELETE_SUBSCRIPTIONGROUP => &[("groupName", Kind::Group), ("cleanOffset", Kind::Text)],
         GET_CONSUME_STATS => &[("consumerGroup", Kind::Group), ("topic", Kind::Topic)],
+        GET_CONSUMER_CONNECTION_LIST => &[("consumerGroup", Kind::Group)],
+        GET_PRODUCER_CONNECTION_LIST => &[("producerGroup", Kind::Group)],
         _ => &[("topic", Kind::Topic), ("queueId", Kind::Queue)],
     }
 }

@@ -9,12 +9,14 @@
 //! | 208 `GET_CONSUME_STATS` | `consumerGroup`, `topic` | per read queue: broker max, committed offset, last store time |
 //! | 41 `LOCK_BATCH_MQ` | body `{consumerGroup, clientId, mqSet}` | `{"lockOKMQSet": [...]}` |
 //! | 42 `UNLOCK_BATCH_MQ` | same body | the caller's locks released |
+//! | 203 `GET_CONSUMER_CONNECTION_LIST` | `consumerGroup` | each member's connection (address, client id, language, version) and the group's subscriptions from its heartbeats; none online: CONSUMER_NOT_ONLINE |
+//! | 204 `GET_PRODUCER_CONNECTION_LIST` | `producerGroup` | each producer connection of the group; none: SYSTEM_ERROR |
 //! | 46 `CHECK_CLIENT_CONFIG` | body `{group, subscriptionData}` | TAG: success; any other type (SQL92): refused, filtering by properties is not served |
 
 use super::admin_store::{mq_key, store_time_at};
 use super::{NodeState, Reject, clip, field, ok, reject, store_error};
 use crate::StoreOps;
-use crate::node::groups::LockedQueue;
+use crate::node::groups::{ClientConn, LockedQueue};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
 use serde_json::{Value, json};
@@ -179,4 +181,106 @@ pub(super) fn check_client_config(
         ));
     }
     Ok(ok(req))
+}
+
+/// Records what a heartbeat says of its connection (for 203 and 204).
+pub(super) fn note_connection(
+    st: &NodeState,
+    req: &RemotingCommand,
+    conn: u64,
+    peer: std::net::SocketAddr,
+) {
+    let Ok(v) = serde_json::from_slice::<Value>(&req.body) else {
+        return;
+    };
+    let Some(client_id) = v.get("clientID").and_then(Value::as_str) else {
+        return;
+    };
+    let name = |d: &Value| {
+        d.get("groupName")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let list = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let consumers = list("consumerDataSet")
+        .into_iter()
+        .filter_map(|d| Some((name(&d)?, d)))
+        .collect();
+    let producers = list("producerDataSet").iter().filter_map(name).collect();
+    st.client_conns.heartbeat(
+        conn,
+        ClientConn {
+            client_id: client_id.to_string(),
+            addr: peer.to_string(),
+            language: req.language.clone(),
+            version: req.version,
+            consumers,
+            producers,
+        },
+    );
+}
+
+fn connection_json(c: &ClientConn) -> Value {
+    json!({"clientAddr": c.addr, "clientId": c.client_id, "language": c.language, "version": c.version})
+}
+
+pub(super) fn consumer_connections(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
+    let group = field(req, "consumerGroup")?;
+    let members = st.clients.members(group);
+    let conns: Vec<ClientConn> = st
+        .client_conns
+        .consumers_of(group)
+        .into_iter()
+        .filter(|c| members.contains(&c.client_id))
+        .collect();
+    let Some(last) = conns.last() else {
+        return Err(reject(
+            CONSUMER_NOT_ONLINE,
+            format!("the consumer group[{}] not online", clip(group)),
+        ));
+    };
+    let data = &last.consumers[group];
+    let mut subs = serde_json::Map::new();
+    for s in data
+        .get("subscriptionDataSet")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(t) = s.get("topic").and_then(Value::as_str) {
+            subs.insert(t.to_string(), s.clone());
+        }
+    }
+    let body = json!({
+        "connectionSet": conns.iter().map(connection_json).collect::<Vec<_>>(),
+        "consumeType": data.get("consumeType").cloned().unwrap_or(Value::Null),
+        "messageModel": data.get("messageModel").cloned().unwrap_or(Value::Null),
+        "consumeFromWhere": data.get("consumeFromWhere").cloned().unwrap_or(Value::Null),
+        "subscriptionTable": subs,
+    });
+    Ok(ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default()))
+}
+
+pub(super) fn producer_connections(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
+    let group = field(req, "producerGroup")?;
+    let conns = st.client_conns.producers_of(group);
+    if conns.is_empty() {
+        return Err(reject(
+            SYSTEM_ERROR,
+            format!("the producer group[{}] not exist", clip(group)),
+        ));
+    }
+    let body = json!({ "connectionSet": conns.iter().map(connection_json).collect::<Vec<_>>() });
+    Ok(ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default()))
 }

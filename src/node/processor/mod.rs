@@ -13,7 +13,7 @@
 //! | consumer offsets 14, 15; consumer list 38 | `consumer_manage.rs` | `ConsumerManageProcessor` |
 //! | route 105, cluster info 106 | `namesrv.rs` | the name server's `DefaultRequestProcessor` |
 //! | runtime info 28, broker config 25/26, topic stats 202, delete topic 215, clean unused topics 316, delete expired files 329; topic list 206, name-server delete 216 | `admin_store.rs` | `AdminBrokerProcessor` (store side) |
-//! | subscription groups 200/201/207, consume stats 208, queue locks 41/42, client config check 46 | `admin_group.rs` | `AdminBrokerProcessor` (groups), `RebalanceLockManager` |
+//! | subscription groups 200/201/207, consume stats 208, queue locks 41/42, client config check 46, connection lists 203/204 | `admin_group.rs` | `AdminBrokerProcessor` (groups), `RebalanceLockManager` |
 //!
 //! Invariants:
 //! * Every request gets exactly one [`Outcome`]: a one-way request never gets a reply,
@@ -197,7 +197,15 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         GET_MAX_OFFSET | GET_MIN_OFFSET => admin_broker::queue_offset(st, &req).await,
         SEARCH_OFFSET_BY_TIMESTAMP => admin_broker::search_offset(st, &req).await,
         GET_EARLIEST_MSG_STORETIME => admin_broker::earliest_time(st, &req).await,
-        HEART_BEAT => client_manage::heartbeat(st, &req, conn),
+        HEART_BEAT => {
+            let r = client_manage::heartbeat(st, &req, conn);
+            if r.is_ok() {
+                admin_group::note_connection(st, &req, conn, peer);
+            }
+            r
+        }
+        GET_CONSUMER_CONNECTION_LIST => admin_group::consumer_connections(st, &req),
+        GET_PRODUCER_CONNECTION_LIST => admin_group::producer_connections(st, &req),
         UNREGISTER_CLIENT => client_manage::unregister(st, &req),
         QUERY_CONSUMER_OFFSET => consumer_manage::query_consumer_offset(st, &req).await,
         UPDATE_CONSUMER_OFFSET => consumer_manage::update_consumer_offset(st, &req),
