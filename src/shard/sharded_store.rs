@@ -320,10 +320,12 @@ async fn shard_serve(
             // Watched from here: opening blocks on file-system calls by design.
             if let Some(b) = beats {
                 use glommio::{Latency, Shares, executor};
-                let tick = (b.threshold() / 4).max(Duration::from_millis(1));
+                // Other queues yield within half the threshold once a beat is due
+                // (`stall.rs`): only code that never yields is late by more.
+                let latency = (b.threshold() / 2).max(Duration::from_millis(1));
                 let tq = executor().create_task_queue(
                     Shares::Static(1000),
-                    Latency::Matters(tick),
+                    Latency::Matters(latency),
                     "stall-watch",
                 );
                 super::stall::name_queue(tq, "stall-watch");

@@ -5,8 +5,11 @@
 //!
 //! Two parts, each for a reason:
 //! * **On the shard**, a heartbeat task in its own task queue (`stall-watch`, high
-//!   shares, latency-sensitive) sleeps `tick` (a quarter of the threshold) and, on
-//!   waking, measures how late it woke. Woken more than `stall_threshold` late, the
+//!   shares, latency `Matters(threshold / 2)`: a task queue that yields as it should,
+//!   `yield_if_needed`, gives the executor back within half the threshold once a beat
+//!   is due) sleeps `tick` (a quarter of the threshold) and, on waking, measures how
+//!   late it woke. This also caps the executor's preempt timer at half the threshold
+//!   (glommio's default is 100 ms; `coremq bench` uses 5 ms). Woken more than `stall_threshold` late, the
 //!   executor did not turn for that long: the stall is counted on the shard's thread
 //!   (`Store::stats().stalls`, `/metrics`) and logged at warn with what was running:
 //!   the task queue that got the most executor time since the last beat (from
