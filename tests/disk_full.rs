@@ -15,6 +15,10 @@ fn cfg(root: &Path) -> StoreConfig {
     let mut c = StoreConfig::small_for_tests(root);
     c.flush_mode = FlushMode::Sync;
     c.disk_check_interval = std::time::Duration::from_millis(10);
+    // The refusal watermark alone: retention's forced deletion over 85% (on by
+    // default, RocketMQ's `cleanFileForciblyEnable`) would delete the oldest messages
+    // this test checks; tests/retention_fs.rs covers that path.
+    c.retention.clean_file_forcibly = false;
     c
 }
 
