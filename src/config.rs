@@ -246,9 +246,9 @@ pub struct RetentionConfig {
     /// Never delete log bytes a connected HA slave has not reported yet (the lowest
     /// report among the connected slaves of the shard). RocketMQ has no such rule.
     pub keep_for_slaves: bool,
-    /// Segments kept for reuse as the next segment instead of being unlinked (0: none;
-    /// see `commit_log`'s recycling).
-    pub recycle_segments: usize,
+    /// How often the cleaner's task runs the store's self-check (RocketMQ's
+    /// `checkSelf`, `store/self_check.rs`); zero: never. 60 s.
+    pub self_check_interval: Duration,
 }
 
 impl Default for RetentionConfig {
@@ -263,7 +263,7 @@ impl Default for RetentionConfig {
             clean_interval: Duration::from_secs(10),
             delete_interval: Duration::from_millis(100),
             keep_for_slaves: true,
-            recycle_segments: 1,
+            self_check_interval: Duration::from_secs(60),
         }
     }
 }

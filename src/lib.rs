@@ -29,6 +29,7 @@ pub mod message;
 pub mod node;
 pub mod schedule;
 pub mod shard;
+pub mod stats;
 pub mod store;
 #[cfg(feature = "tools")]
 pub mod tools;
@@ -43,7 +44,10 @@ pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,
     StoredMessage,
 };
-pub use shard::{Handle, Route, ShardContext, ShardStatus, ShardedConfig, ShardedStore, StoreOps};
+pub use shard::{
+    Handle, Route, ShardContext, ShardStatus, ShardedConfig, ShardedStore, StatsReport, StoreOps,
+};
+pub use stats::StoreStats;
 pub use store::{OpenReport, Store};
 
 /// What a host embedding the sharded store needs in scope: `use coremq::prelude::*;`.

@@ -15,9 +15,9 @@ fn cfg(root: &Path) -> StoreConfig {
     let mut c = StoreConfig::small_for_tests(root);
     c.flush_mode = FlushMode::Sync;
     c.disk_check_interval = std::time::Duration::from_millis(10);
-    // These tests are about the refusal watermark alone: retention's forced cleaning
-    // (on by default, as RocketMQ's cleanFileForciblyEnable) would delete the oldest
-    // segments above 85% and make room; tests/retention.rs covers that.
+    // The refusal watermark alone: retention's forced deletion over 85% (on by
+    // default, RocketMQ's `cleanFileForciblyEnable`) would delete the oldest messages
+    // this test checks; tests/retention_fs.rs covers that path.
     c.retention.clean_file_forcibly = false;
     c
 }

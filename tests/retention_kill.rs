@@ -45,6 +45,15 @@ fn cfg(root: &Path) -> StoreConfig {
     c
 }
 
+/// The reopened store that is checked: its cleaner must not move the minimum while
+/// the check reads (the config is otherwise the writer's).
+fn verify_cfg(root: &Path) -> StoreConfig {
+    let mut c = cfg(root);
+    c.retention.file_reserved_time = Duration::from_secs(1 << 30);
+    c.retention.clean_interval = Duration::from_secs(3600);
+    c
+}
+
 fn message(topic: &str, n: u64) -> Message {
     let mut body = vec![(n % 251) as u8; 900 + (n as usize * 131) % 2000];
     body[..8].copy_from_slice(&n.to_be_bytes());
@@ -52,7 +61,7 @@ fn message(topic: &str, n: u64) -> Message {
 }
 
 /// The child: puts until killed; one ack line per acknowledged put (`P topic n
-/// offset id`) and per acknowledged topic deletion (`D topic n`: messages of `topic`
+/// offset id`), per topic deletion started (`d topic n`) and acknowledged (`D topic n`: messages of `topic`
 /// numbered below `n` are gone).
 #[test]
 fn retention_kill_child() {
@@ -71,14 +80,17 @@ fn retention_kill_child() {
             .unwrap();
         let mut n = start;
         loop {
-            let topic = if n % 4 == 0 { "Tmp" } else { "Main" };
+            let topic = if n.is_multiple_of(4) { "Tmp" } else { "Main" };
             let r = store.put(message(topic, n)).await;
             if r.status == PutStatus::PutOk {
                 let line = format!("P {topic} {n} {} {}\n", r.log_offset, r.msg_ids[0]);
                 log.write_all(line.as_bytes()).unwrap();
             }
             n += 1;
-            if n % 400 == 0 {
+            if n.is_multiple_of(400) {
+                // The intent first: a kill between the deletion and its ack line
+                // leaves the older Tmp messages either way.
+                log.write_all(format!("d Tmp {n}\n").as_bytes()).unwrap();
                 store.delete_topic("Tmp").await.unwrap();
                 log.write_all(format!("D Tmp {n}\n").as_bytes()).unwrap();
             }
@@ -91,6 +103,9 @@ struct Acked {
     puts: BTreeMap<String, BTreeMap<u64, (u64, String)>>,
     /// The highest acknowledged deletion of Tmp: messages below it are gone.
     tmp_deleted_below: u64,
+    /// The highest deletion of Tmp started: messages below it (and not below
+    /// `tmp_deleted_below`) may be gone or not.
+    tmp_maybe_below: u64,
     next: u64,
 }
 
@@ -111,6 +126,7 @@ fn read_acks(path: &Path, acked: &mut Acked) {
             ["D", _, n] => {
                 acked.tmp_deleted_below = acked.tmp_deleted_below.max(n.parse().unwrap())
             }
+            ["d", _, n] => acked.tmp_maybe_below = acked.tmp_maybe_below.max(n.parse().unwrap()),
             _ => {} // A line cut by the kill.
         }
     }
@@ -143,6 +159,7 @@ async fn verify(store: &Store, acked: &Acked, ctx: &str) -> usize {
     let mut checked = 0;
     for (topic, puts) in &acked.puts {
         let gone = |n: u64| topic == "Tmp" && n < acked.tmp_deleted_below;
+        let unsure = |n: u64| topic == "Tmp" && !gone(n) && n < acked.tmp_maybe_below;
         let mut have: BTreeMap<u64, StoredMessage> = BTreeMap::new();
         for q in 0..3 {
             for m in read_queue(store, topic, q).await {
@@ -156,6 +173,9 @@ async fn verify(store: &Store, acked: &Acked, ctx: &str) -> usize {
             }
         }
         for (n, (off, id)) in puts {
+            if unsure(*n) {
+                continue;
+            }
             let should = *off >= min && !gone(*n);
             if should {
                 assert!(
@@ -195,9 +215,11 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
     let mut acked = Acked {
         puts: BTreeMap::new(),
         tmp_deleted_below: 0,
+        tmp_maybe_below: 0,
         next: 0,
     };
     let mut total_checked = 0;
+    let mut last_min = 0;
     for cycle in 0..cycles {
         let log = dir.path().join(format!("child-{cycle}.log"));
         let envs = [
@@ -206,8 +228,24 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
             // Numbers never repeat across children.
             (START_ENV, OsString::from((acked.next + 1000).to_string())),
         ];
+        let acked_lines_before = std::fs::read_to_string(&acks)
+            .unwrap_or_default()
+            .lines()
+            .count();
         let mut child = spawn_self("retention_kill_child", &envs, &log);
         std::thread::sleep(Duration::from_millis(rng.range(300, 1500)));
+        if cycle + 1 == cycles {
+            // The last child runs until it wrote a few segments (retention must have
+            // had something to delete by the end, however loaded the machine is).
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_secs(60) {
+                let lines = std::fs::read_to_string(&acks).unwrap_or_default();
+                if lines.lines().count() >= acked_lines_before + 2000 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         if let Ok(Some(status)) = child.try_wait() {
             panic!("child exited early ({status}): {}", log_tail(&log, 3000));
         }
@@ -219,10 +257,11 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
         let snapshot = Acked {
             puts: acked.puts.clone(),
             tmp_deleted_below: acked.tmp_deleted_below,
+            tmp_maybe_below: acked.tmp_maybe_below,
             next: acked.next,
         };
         let (checked, min) = run_ret(move || async move {
-            let store = Store::open(cfg(&root2))
+            let store = Store::open(verify_cfg(&root2))
                 .await
                 .unwrap_or_else(|e| panic!("{ctx}: reopen failed: {e}"));
             let checked = verify(&store, &snapshot, &ctx).await;
@@ -244,7 +283,10 @@ fn kill_during_retention_reopens_and_keeps_what_the_rules_keep() {
             "cycle {cycle}: {} acked so far, {checked} present and checked, log min {min}",
             acked.puts.values().map(|m| m.len()).sum::<usize>()
         );
-        assert!(min > 0 || cycle == 0, "retention deleted something by now");
+        last_min = min;
     }
     assert!(total_checked > 0);
+    // How far a child gets before its kill depends on the machine's load: the
+    // deletion is required by the end, not by any one cycle.
+    assert!(last_min > 0, "retention deleted nothing in {cycles} cycles");
 }

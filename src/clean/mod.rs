@@ -66,6 +66,10 @@ pub(crate) trait Owner {
     fn disk_reserve_bytes(&self) -> u64;
     /// Whether the store still runs.
     fn running(&self) -> bool;
+    /// The store's self-check (`store/self_check.rs`), run under the pass lock.
+    fn check_self(
+        &self,
+    ) -> impl std::future::Future<Output = Result<crate::store::SelfCheckReport>>;
 }
 
 /// What one pass did (also what `Store::delete_expired_files` returns).
@@ -98,12 +102,16 @@ pub struct CleanStats {
     pub level: &'static str,
     /// Disk use the last pass saw (used / total), 0 when unknown.
     pub disk_ratio: f64,
+    /// Self-checks run in this task, and the problems they found.
+    pub self_checks: u64,
+    pub self_check_problems: u64,
 }
 
 /// A shard's cleaner: its settings, state and counters (module docs).
 pub struct Cleaner {
-    cfg: RetentionConfig,
-    hours: Vec<u8>,
+    /// The settings and `delete_when`'s hours; replaced at run time by
+    /// [`Cleaner::set_config`] (a pass uses the ones it started with).
+    cfg: RefCell<(RetentionConfig, Vec<u8>)>,
     wake: Notify,
     /// Serialises passes.
     lock: glommio::sync::Semaphore,
@@ -119,8 +127,7 @@ impl Cleaner {
     pub fn new(cfg: RetentionConfig, deleted: topics::DeletedTopicSet) -> Result<Cleaner> {
         let hours = cfg.delete_hours()?;
         Ok(Cleaner {
-            cfg,
-            hours,
+            cfg: RefCell::new((cfg, hours)),
             wake: Notify::default(),
             lock: glommio::sync::Semaphore::new(1),
             level: Cell::new(Level::Normal),
@@ -136,6 +143,22 @@ impl Cleaner {
     /// Starts a pass now (a put found the disk full; the store stops).
     pub fn wake(&self) {
         self.wake.notify();
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> RetentionConfig {
+        self.cfg.borrow().0.clone()
+    }
+
+    /// Replaces the settings (the next pass uses them), after checking them as
+    /// opening a store does.
+    pub fn set_config(&self, cfg: RetentionConfig, disk_full_ratio: f64) -> Result<()> {
+        cfg.validate(disk_full_ratio)?;
+        let hours = cfg.delete_hours()?;
+        tracing::info!(?cfg, "retention settings changed");
+        *self.cfg.borrow_mut() = (cfg, hours);
+        self.wake();
+        Ok(())
     }
 
     pub fn stats(&self) -> CleanStats {
@@ -199,8 +222,9 @@ fn local_hour(utc_ms: i64) -> u8 {
 /// The cleaner task: a pass every `clean_interval`, or when woken, until the store
 /// stops.
 pub(crate) async fn run<O: Owner>(owner: Rc<O>) {
+    let mut last_check = std::time::Instant::now();
     loop {
-        let interval = owner.cleaner().cfg.clean_interval;
+        let interval = owner.cleaner().cfg.borrow().0.clean_interval;
         futures_lite::future::or(owner.cleaner().wake.wait(), glommio::timer::sleep(interval))
             .await;
         if !owner.running() {
@@ -209,7 +233,29 @@ pub(crate) async fn run<O: Owner>(owner: Rc<O>) {
         if let Err(e) = pass(&*owner, false).await {
             tracing::error!(error = %e, "retention pass failed; the store keeps serving");
         }
+        let every = owner.cleaner().cfg.borrow().0.self_check_interval;
+        if !every.is_zero() && last_check.elapsed() >= every && owner.running() {
+            last_check = std::time::Instant::now();
+            if let Err(e) = self_check(&*owner).await {
+                tracing::error!(error = %e, "self-check failed to run");
+            }
+        }
     }
+}
+
+/// The store's self-check under the pass lock (no deletion meanwhile), counted.
+pub(crate) async fn self_check<O: Owner>(o: &O) -> Result<crate::store::SelfCheckReport> {
+    let c = o.cleaner();
+    let _pass = c
+        .lock
+        .acquire_permit(1)
+        .await
+        .map_err(|e| Error::Failed(e.to_string()))?;
+    let rep = o.check_self().await?;
+    let mut st = c.stats.borrow_mut();
+    st.self_checks += 1;
+    st.self_check_problems += rep.problems.len() as u64;
+    Ok(rep)
 }
 
 /// One pass (module docs); `manual`: RocketMQ's `executeDeleteFilesManually`.
@@ -237,7 +283,8 @@ pub(crate) async fn pass<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
 
 async fn pass_locked<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
     let c = o.cleaner();
-    let cfg = &c.cfg;
+    let (cfg, hours) = c.cfg.borrow().clone();
+    let cfg = &cfg;
     let level_now = || {
         let space = o.disk_space();
         let ratio = usage(space);
@@ -279,7 +326,7 @@ async fn pass_locked<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
             None => false,
         };
         let facts = Facts {
-            hour: c.hours.contains(&local_hour(now)),
+            hour: hours.contains(&local_hour(now)),
             level,
             manual,
             forcibly: cfg.clean_file_forcibly,

@@ -19,8 +19,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+mod check;
 mod clean;
 mod table;
+
+pub use check::QueueLayout;
 pub(crate) use table::{QueueTable, manifest_path};
 
 const E: u64 = ENTRY_LEN as u64;

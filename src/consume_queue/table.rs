@@ -134,7 +134,7 @@ impl QueueTable {
         q
     }
 
-    fn all(&self) -> Vec<Rc<Queue>> {
+    pub(crate) fn all(&self) -> Vec<Rc<Queue>> {
         self.queues
             .borrow()
             .values()

@@ -57,6 +57,7 @@
 //!
 //! How these figures were taken: `docs/performance/index.md`.
 
+mod check;
 mod clean;
 mod file;
 mod flush;

@@ -114,6 +114,29 @@ pub struct NodeConfig {
     /// A slave copies its master's topics and consumer offsets this often
     /// (RocketMQ's `SlaveSynchronize`: 10 s).
     pub slave_sync_interval_ms: u64,
+    /// Retention (see `coremq::clean`): a log segment whose newest record is older
+    /// than this many hours is deleted at a `delete_when` hour (RocketMQ
+    /// `fileReservedTime`: 72).
+    pub file_reserved_hours: u64,
+    /// Local hours at which expired segments go, `;`-separated (RocketMQ
+    /// `deleteWhen`: "04"); empty: never by the clock.
+    pub delete_when: String,
+    /// Above this share of the disk in use expired segments go at any hour (RocketMQ
+    /// `diskMaxUsedSpaceRatio`: 0.75).
+    pub disk_max_used_space_ratio: f64,
+    /// Above this share the oldest segments go even if not expired, when
+    /// `clean_file_forcibly` (RocketMQ `diskSpaceCleanForciblyRatio`: 0.85).
+    pub disk_clean_forcibly_ratio: f64,
+    pub clean_file_forcibly: bool,
+    /// At or above this share puts are refused (RocketMQ's 0.90).
+    pub disk_full_ratio: f64,
+    /// Most segments one cleaning pass deletes (RocketMQ `deleteFileBatchMax`: 10).
+    pub delete_file_batch_max: usize,
+    /// How often the cleaner looks (RocketMQ `cleanResourceInterval`: 10 s).
+    pub clean_interval_ms: u64,
+    /// Commit-log segment size (RocketMQ `mappedFileSizeCommitLog`: 1 GiB); fixed
+    /// when the store is created.
+    pub segment_bytes: u64,
 }
 
 impl Default for NodeConfig {
@@ -160,6 +183,15 @@ impl Default for NodeConfig {
             ha_reconnect_interval_ms: 5000,
             ha_empty_slave_start: "last".into(),
             slave_sync_interval_ms: 10_000,
+            file_reserved_hours: 72,
+            delete_when: "04".into(),
+            disk_max_used_space_ratio: 0.75,
+            disk_clean_forcibly_ratio: 0.85,
+            clean_file_forcibly: true,
+            disk_full_ratio: 0.90,
+            delete_file_batch_max: 10,
+            clean_interval_ms: 10_000,
+            segment_bytes: 1 << 30,
         }
     }
 }
@@ -206,6 +238,7 @@ impl NodeConfig {
             ("offset_flush_interval_ms", self.offset_flush_interval_ms),
             ("client_expiry_ms", self.client_expiry_ms),
             ("register_interval_ms", self.register_interval_ms),
+            ("clean_interval_ms", self.clean_interval_ms),
         ];
         for (name, ms) in intervals {
             if ms > MAX_INTERVAL_MS {
@@ -266,6 +299,16 @@ impl NodeConfig {
         s.pin = self.pin;
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
         s.store.ha = self.ha_config();
+        s.store.commit_log_segment_bytes = self.segment_bytes;
+        s.store.disk_full_ratio = self.disk_full_ratio;
+        let r = &mut s.store.retention;
+        r.file_reserved_time = Duration::from_secs(self.file_reserved_hours.saturating_mul(3600));
+        r.delete_when = self.delete_when.clone();
+        r.disk_max_used_space_ratio = self.disk_max_used_space_ratio;
+        r.disk_clean_forcibly_ratio = self.disk_clean_forcibly_ratio;
+        r.clean_file_forcibly = self.clean_file_forcibly;
+        r.delete_file_batch_max = self.delete_file_batch_max;
+        r.clean_interval = Duration::from_millis(self.clean_interval_ms.max(1));
         s
     }
 

@@ -251,9 +251,15 @@ pub(super) fn serve(st: Arc<NodeState>, listener: TcpListener) {
             .map(|i| futures_lite::future::block_on(st.handle.shard_status(i)).ok())
             .collect();
         let failed = st.failure().is_some();
-        let body = st
+        let mut body = st
             .metrics
             .render(st.open.load(Ordering::SeqCst), failed, &shards);
+        // The store's statistics and retention counters (`crate::stats`).
+        let stats = futures_lite::future::block_on(st.handle.stats());
+        let clean = futures_lite::future::block_on(st.handle.retention_stats());
+        if let (Ok(stats), Ok(clean)) = (stats, clean) {
+            crate::stats::prometheus::render(&mut body, &stats.shards, &clean);
+        }
         let head = format!(
             "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()

@@ -67,6 +67,7 @@
 //! `docs/performance/node.md`.
 
 pub mod config;
+mod groups;
 mod listen;
 mod metrics;
 mod processor;
@@ -103,6 +104,12 @@ pub(crate) struct NodeState {
     pub offsets: Offsets,
     pub clients: Clients,
     pub arrivals: Arrivals,
+    /// Subscription groups and queue locks (`groups.rs`).
+    pub groups: groups::SubscriptionGroups,
+    pub locks: groups::QueueLocks,
+    pub client_conns: groups::Connections,
+    /// When the node started (ms since the epoch), for the runtime info.
+    pub started_ms: i64,
     pub metrics: Metrics,
     pub shutting: AtomicBool,
     pub next_queue: AtomicU64,
@@ -221,6 +228,7 @@ impl Node {
         let config_dir = cfg.data_dir.join("config");
         let topics = Topics::load(&config_dir)?;
         let offsets = Offsets::load(&config_dir)?;
+        let groups = groups::SubscriptionGroups::load(&config_dir)?;
         let store = ShardedStore::open(store_cfg)?;
         let handle = store.handle();
         let ha_bound = store.ha().and_then(|h| h.listen_addr);
@@ -235,6 +243,10 @@ impl Node {
             offsets,
             clients: Clients::default(),
             arrivals: Arrivals::default(),
+            groups,
+            locks: groups::QueueLocks::default(),
+            client_conns: groups::Connections::default(),
+            started_ms: crate::now_ms(),
             shutting: AtomicBool::new(false),
             next_queue: AtomicU64::new(0),
             held: Arc::new(AtomicUsize::new(0)),

@@ -212,6 +212,7 @@ async fn accept_loop(
             serve_connection(&st, conn, stream, &stop).await;
             stop.forget(conn);
             st.clients.connection_closed(conn);
+            st.client_conns.closed(conn);
             st.open.fetch_sub(1, Ordering::SeqCst);
             open.set(open.get() - 1);
         })

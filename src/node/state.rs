@@ -24,14 +24,14 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Writes `value` as JSON to `path` atomically and durably (temporary file, rename,
 /// directory sync).
-fn write_json(path: &Path, value: &Value) -> Result<()> {
+pub(crate) fn write_json(path: &Path, value: &Value) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     crate::io::Disk::Real.create_dir_all(dir)?;
     let text = serde_json::to_vec_pretty(value).unwrap_or_default();
     crate::io::Disk::Real.replace_file(path, &text)
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>> {
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
@@ -101,6 +101,20 @@ impl Topics {
             self.to_json(&t)
         };
         write_json(&self.path, &snapshot)
+    }
+
+    /// Removes a topic's settings (delete topic) and persists the table; whether it
+    /// was there.
+    pub fn remove(&self, topic: &str) -> Result<bool> {
+        let snapshot = {
+            let mut t = lock(&self.table);
+            if t.remove(topic).is_none() {
+                return Ok(false);
+            }
+            self.to_json(&t)
+        };
+        write_json(&self.path, &snapshot)?;
+        Ok(true)
     }
 
     /// Every topic and its settings.
@@ -216,6 +230,30 @@ impl Offsets {
             .or_default()
             .insert(queue_id, offset);
         self.dirty.store(true, Ordering::SeqCst);
+    }
+
+    /// Forgets every group's offsets of `topic` (delete topic); written at the next
+    /// persist.
+    pub fn remove_topic(&self, topic: &str) {
+        let prefix = format!("{topic}@");
+        let mut t = lock(&self.table);
+        let before = t.len();
+        t.retain(|k, _| !k.starts_with(&prefix));
+        if t.len() != before {
+            self.dirty.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Forgets a group's offsets of every topic (delete subscription group with
+    /// `cleanOffset`); written at the next persist.
+    pub fn remove_group(&self, group: &str) {
+        let suffix = format!("@{group}");
+        let mut t = lock(&self.table);
+        let before = t.len();
+        t.retain(|k, _| !k.ends_with(&suffix));
+        if t.len() != before {
+            self.dirty.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Every offset: `topic@group` -> queue -> offset.

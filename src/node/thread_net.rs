@@ -66,6 +66,7 @@ pub(super) fn accept_loop(st: Arc<NodeState>, listener: TcpListener) {
                 serve_connection(&st2, id, stream);
                 lock(&st2.conns).remove(&id);
                 st2.clients.connection_closed(id);
+                st2.client_conns.closed(id);
                 st2.open.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {

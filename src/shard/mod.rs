@@ -26,10 +26,11 @@ mod meta;
 mod ops;
 mod ownership;
 mod sharded_store;
+pub mod stall;
 
 pub use context::ShardContext;
 pub use handle::Handle;
 pub use meta::META_FORMAT_VERSION;
-pub use ops::{Route, ShardStatus, StoreOps};
+pub use ops::{Route, ShardStatus, StatsReport, StoreOps};
 pub use ownership::{MAX_SHARDS, Ownership, SHARD_SHIFT, shard_of, shard_of_offset};
 pub use sharded_store::{ShardedConfig, ShardedStore};

@@ -287,6 +287,44 @@ pub trait StoreOps: Route {
         Ok(out)
     }
 
+    /// Replaces the retention settings of every shard ([`Store::set_retention_config`]).
+    async fn set_retention_config(&self, cfg: crate::config::RetentionConfig) -> Result<()> {
+        for shard in 0..self.shards() {
+            let cfg = cfg.clone();
+            self.run_at(shard, &(), async move |s, _| s.set_retention_config(cfg))
+                .await??;
+        }
+        Ok(())
+    }
+
+    /// The retention settings in use (shard 0's; every shard has the same).
+    async fn retention_config(&self) -> Result<crate::config::RetentionConfig> {
+        self.run_at(0, &(), async |s, _| s.retention_config()).await
+    }
+
+    /// The retention counters of every shard.
+    async fn retention_stats(&self) -> Result<Vec<crate::clean::CleanStats>> {
+        let mut out = Vec::new();
+        for shard in 0..self.shards() {
+            out.push(
+                self.run_at(shard, &(), async |s, _| s.retention_stats())
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every shard's statistics ([`Store::stats`], asked in parallel) and their sum.
+    async fn stats(&self) -> Result<StatsReport> {
+        let asks = (0..self.shards()).map(|shard| self.run_at(shard, &(), async |s, _| s.stats()));
+        let mut shards = Vec::new();
+        for r in crate::wake::join_all(asks.collect()).await {
+            shards.push(r?);
+        }
+        let total = crate::stats::StoreStats::total(&shards);
+        Ok(StatsReport { shards, total })
+    }
+
     /// Deletes `topic`'s queues on every shard (RocketMQ's `deleteTopics`;
     /// [`Store::delete_topic`]); returns how many queues went.
     async fn delete_topic(&self, topic: &str) -> Result<usize> {
@@ -315,6 +353,14 @@ pub trait StoreOps: Route {
         }
         Ok(out.into_iter().collect())
     }
+}
+
+/// Every shard's statistics and their sum ([`StoreOps::stats`]).
+#[derive(Debug, Clone, Default)]
+pub struct StatsReport {
+    /// One per shard, in shard order.
+    pub shards: Vec<crate::stats::StoreStats>,
+    pub total: crate::stats::StoreStats,
 }
 
 impl<R: Route> StoreOps for R {}

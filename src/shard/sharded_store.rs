@@ -23,10 +23,12 @@ use super::handle::{self, Handle, Inbox};
 use super::meta::read_or_create_meta;
 use super::ops::Route;
 use super::ownership::{MAX_SHARDS, SHARD_SHIFT};
+use super::stall::Beats;
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::store::Store;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -48,6 +50,9 @@ pub struct ShardedConfig {
     /// glommio `preempt_timer`: how long a task queue may run while another waits
     /// (`None`: glommio's default, 100 ms).
     pub preempt_timer: Option<Duration>,
+    /// Report a shard whose executor did not turn for longer than this as stalled
+    /// (`stall.rs`); `None`: no stall detection. 10 ms.
+    pub stall_threshold: Option<Duration>,
 }
 
 impl ShardedConfig {
@@ -64,6 +69,7 @@ impl ShardedConfig {
             spin_before_park: None,
             io_memory_bytes: 64 << 20,
             preempt_timer: None,
+            stall_threshold: Some(Duration::from_millis(10)),
         }
     }
 
@@ -114,6 +120,8 @@ pub struct ShardedStore {
     threads: Vec<glommio::ExecutorJoinHandle<()>>,
     _lock: std::fs::File,
     root: PathBuf,
+    /// The stall detector's beats and monitor thread (`stall.rs`), when on.
+    stall: Option<(Arc<Beats>, std::thread::JoinHandle<()>)>,
 }
 
 impl ShardedStore {
@@ -129,15 +137,17 @@ impl ShardedStore {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
+        let beats = cfg.stall_threshold.map(|t| Beats::new(cfg.shards, t));
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         for (i, inbox) in inboxes.into_iter().enumerate() {
             let (ready_tx, ready_rx) = flume::bounded(1);
             let store_cfg = cfg.shard_config(i);
             let h = handle.clone();
+            let b = beats.clone();
             let spawned = cfg
                 .executor(i, cpus)
-                .spawn(move || shard_main(i, store_cfg, inbox, h, ready_tx));
+                .spawn(move || shard_main(i, store_cfg, inbox, h, ready_tx, b));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -165,7 +175,18 @@ impl ShardedStore {
             threads,
             _lock: lock,
             root: cfg.root.clone(),
+            stall: None,
         };
+        if let Some(b) = beats {
+            let monitor = b.clone();
+            match std::thread::Builder::new()
+                .name("coremq-stall-monitor".into())
+                .spawn(move || monitor.run_monitor())
+            {
+                Ok(t) => store.stall = Some((b, t)),
+                Err(e) => tracing::warn!(error = %e, "no stall monitor thread"),
+            }
+        }
         if let Some(e) = first_err {
             let _ = store.stop();
             return Err(e);
@@ -206,6 +227,10 @@ impl ShardedStore {
     fn stop(&mut self) -> Result<()> {
         if let Some(mut ha) = self.ha.take() {
             ha.stop();
+        }
+        if let Some((beats, monitor)) = self.stall.take() {
+            beats.stop();
+            let _ = monitor.join();
         }
         if self.threads.is_empty() {
             return Ok(());
@@ -299,6 +324,7 @@ async fn shard_main(
     inbox: Inbox,
     handle: Handle,
     ready: flume::Sender<Result<()>>,
+    beats: Option<Arc<Beats>>,
 ) {
     let alive = Alive {
         shard,
@@ -306,7 +332,7 @@ async fn shard_main(
         inbox: inbox.clone(),
     };
     ALIVE.with(|a| *a.borrow_mut() = Some(alive));
-    shard_serve(shard, cfg, inbox, ready).await;
+    shard_serve(shard, cfg, inbox, ready, beats).await;
     // A normal end: dead from here (a panic's end is the thread-local's destructor).
     ALIVE.with(|a| drop(a.borrow_mut().take()));
 }
@@ -316,9 +342,26 @@ async fn shard_serve(
     cfg: StoreConfig,
     inbox: Inbox,
     ready: flume::Sender<Result<()>>,
+    beats: Option<Arc<Beats>>,
 ) {
     match Store::open(cfg).await {
         Ok(store) => {
+            // Watched from here: opening blocks on file-system calls by design.
+            if let Some(b) = beats {
+                use glommio::{Latency, Shares, executor};
+                // Other queues yield within half the threshold once a beat is due
+                // (`stall.rs`): only code that never yields is late by more.
+                let latency = (b.threshold() / 2).max(Duration::from_millis(1));
+                let tq = executor().create_task_queue(
+                    Shares::Static(1000),
+                    Latency::Matters(latency),
+                    "stall-watch",
+                );
+                super::stall::name_queue(tq, "stall-watch");
+                if let Ok(t) = glommio::spawn_local_into(b.run_heartbeat(shard), tq) {
+                    t.detach();
+                }
+            }
             let _ = ready.send(Ok(()));
             handle::serve(&inbox, store).await;
         }

@@ -33,6 +33,24 @@ impl Store {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<GetResult> {
+        let r = self
+            .get_unrecorded(topic, queue_id, offset, max_count, max_bytes)
+            .await;
+        if let Ok(r) = &r {
+            let bytes = r.records.iter().map(|b| b.len() as u64).sum();
+            self.inner.stats.get(r.records.len() as u64, bytes);
+        }
+        r
+    }
+
+    async fn get_unrecorded(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        offset: QueueOffset,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<GetResult> {
         let inner = &self.inner;
         let mut r = GetResult {
             status: GetStatus::NoMatchedLogicQueue,

@@ -47,7 +47,9 @@ mod query;
 mod recovery;
 mod retention;
 mod scheduled;
+mod self_check;
 mod space;
+mod stats;
 
 use crate::commit_log::CommitLog;
 use crate::commit_log::read_cache::{ReadCache, ReadCacheStats};
@@ -111,9 +113,12 @@ struct Inner {
     checkpointed: Cell<(u64, u64)>,
     /// Delay levels, delivered positions, attached services (`scheduled.rs`).
     sched: scheduled::Scheduling,
+    /// StoreStatsService's counters (`crate::stats`).
+    stats: crate::stats::StatsRecorder,
 }
 
 pub use group_transfer::SlaveGuard;
+pub use self_check::SelfCheckReport;
 
 /// What `open` found and did, for logs and tests.
 #[derive(Debug, Clone, Default)]
@@ -258,7 +263,9 @@ impl Inner {
             } else {
                 Latency::NotImportant
             };
-            executor().create_task_queue(Shares::Static(shares), latency, name)
+            let q = executor().create_task_queue(Shares::Static(shares), latency, name);
+            crate::shard::stall::name_queue(q, name);
+            q
         };
         let tasks: [(&str, usize, Task); 4] = [
             (

@@ -80,9 +80,23 @@ impl Store {
         self.put_many(msgs).await
     }
 
+    /// [`Store::put_many_unrecorded`], counted in the store's statistics.
+    async fn put_many(&self, msgs: &[Message]) -> PutResult {
+        let started = std::time::Instant::now();
+        let r = self.put_many_unrecorded(msgs).await;
+        let stored = r.status.is_stored();
+        self.inner.stats.put(
+            started,
+            if stored { msgs.len() as u64 } else { 0 },
+            r.wrote_bytes as u64,
+            !stored,
+        );
+        r
+    }
+
     /// Puts `msgs`; a delayed or timed message goes to its schedule topic
     /// (`scheduled.rs`), and a batch may not hold one.
-    async fn put_many(&self, msgs: &[Message]) -> PutResult {
+    async fn put_many_unrecorded(&self, msgs: &[Message]) -> PutResult {
         let inner = &self.inner;
         match msgs {
             [m] => match inner.admit(m) {

@@ -76,6 +76,10 @@ impl clean::Owner for Inner {
     fn running(&self) -> bool {
         self.state.get() == State::Running && self.failed.borrow().is_none()
     }
+
+    async fn check_self(&self) -> Result<super::SelfCheckReport> {
+        self.self_check().await
+    }
 }
 
 impl Store {
@@ -87,6 +91,20 @@ impl Store {
             return Err(Error::ShutDown);
         }
         clean::pass(&*self.inner, true).await
+    }
+
+    /// The retention settings in use.
+    pub fn retention_config(&self) -> crate::config::RetentionConfig {
+        self.inner.clean.config()
+    }
+
+    /// Replaces the retention settings at run time (checked as at open; the next pass
+    /// uses them, and one starts now). Not written anywhere: the configuration the
+    /// store is opened with next decides then.
+    pub fn set_retention_config(&self, cfg: crate::config::RetentionConfig) -> Result<()> {
+        self.inner
+            .clean
+            .set_config(cfg, self.inner.cfg.disk_full_ratio)
     }
 
     /// The cleaner's counters and the disk level it last saw.

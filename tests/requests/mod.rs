@@ -130,6 +130,24 @@ pub const CODES: &[i32] = &[
     GET_ROUTEINFO_BY_TOPIC,
     GET_BROKER_CLUSTER_INFO,
     REGISTER_BROKER,
+    GET_BROKER_RUNTIME_INFO,
+    GET_BROKER_CONFIG,
+    UPDATE_BROKER_CONFIG,
+    GET_TOPIC_STATS_INFO,
+    DELETE_TOPIC_IN_BROKER,
+    DELETE_TOPIC_IN_NAMESRV,
+    GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+    CLEAN_UNUSED_TOPIC,
+    DELETE_EXPIRED_COMMITLOG,
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+    DELETE_SUBSCRIPTIONGROUP,
+    GET_CONSUME_STATS,
+    LOCK_BATCH_MQ,
+    UNLOCK_BATCH_MQ,
+    CHECK_CLIENT_CONFIG,
+    GET_CONSUMER_CONNECTION_LIST,
+    GET_PRODUCER_CONNECTION_LIST,
     0,
     9999,
     -1,
@@ -347,6 +365,13 @@ fn fields_of(code: i32) -> &'static [(&'static str, Kind)] {
         ],
         GET_CONSUMER_LIST_BY_GROUP => &[("consumerGroup", Kind::Group)],
         GET_ROUTEINFO_BY_TOPIC => &[("topic", Kind::Topic)],
+        GET_TOPIC_STATS_INFO | DELETE_TOPIC_IN_BROKER | DELETE_TOPIC_IN_NAMESRV => {
+            &[("topic", Kind::Topic)]
+        }
+        DELETE_SUBSCRIPTIONGROUP => &[("groupName", Kind::Group), ("cleanOffset", Kind::Text)],
+        GET_CONSUME_STATS => &[("consumerGroup", Kind::Group), ("topic", Kind::Topic)],
+        GET_CONSUMER_CONNECTION_LIST => &[("consumerGroup", Kind::Group)],
+        GET_PRODUCER_CONNECTION_LIST => &[("producerGroup", Kind::Group)],
         _ => &[("topic", Kind::Topic), ("queueId", Kind::Queue)],
     }
 }
@@ -398,6 +423,26 @@ fn heartbeat_body(g: &mut Gen) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap()
 }
 
+/// A JSON body the admin codes expect, its values from `g`.
+fn admin_body(g: &mut Gen, code: i32, seen: &[String]) -> Vec<u8> {
+    let topic = value(g, Kind::Topic, seen, true);
+    let group = value(g, Kind::Group, seen, true);
+    let v = match code {
+        LOCK_BATCH_MQ | UNLOCK_BATCH_MQ => {
+            let qs: Vec<serde_json::Value> = (0..g.below(4))
+                .map(|_| {
+                    serde_json::json!({"topic": topic, "brokerName": "b", "queueId": g.pick(&[0i64, 1, -1, i64::MAX])})
+                })
+                .collect();
+            serde_json::json!({"consumerGroup": group, "clientId": g.text(8), "mqSet": qs})
+        }
+        CHECK_CLIENT_CONFIG => serde_json::json!({"group": group, "subscriptionData": {
+            "topic": topic, "subString": g.text(8), "expressionType": g.pick(&["TAG", "SQL92", ""])}}),
+        _ => serde_json::json!({"groupName": group, "retryMaxTimes": g.pick(&[0i64, -1, 16])}),
+    };
+    v.to_string().into_bytes()
+}
+
 /// One request from `g`; `seen` holds values learned from earlier responses.
 pub fn request(g: &mut Gen, opaque: i32, seen: &[String]) -> RemotingCommand {
     let code = if g.byte() < 4 {
@@ -439,6 +484,24 @@ pub fn request(g: &mut Gen, opaque: i32, seen: &[String]) -> RemotingCommand {
         SEND_BATCH_MESSAGE => batch_body(g),
         SEND_MESSAGE if g.byte().is_multiple_of(4) => batch_body(g),
         HEART_BEAT => heartbeat_body(g),
+        LOCK_BATCH_MQ
+        | UNLOCK_BATCH_MQ
+        | CHECK_CLIENT_CONFIG
+        | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+            if plain =>
+        {
+            admin_body(g, code, seen)
+        }
+        UPDATE_BROKER_CONFIG if plain => {
+            let key = g.pick(&[
+                "deleteWhen",
+                "fileReservedTime",
+                "diskMaxUsedSpaceRatio",
+                "listenPort",
+                "cleanResourceInterval",
+            ]);
+            format!("{key}={}\n", value(g, Kind::Num, seen, false)).into_bytes()
+        }
         _ => g.bytes(96).to_vec(),
     };
     let mut req = RemotingCommand::request(code, opaque, fields);

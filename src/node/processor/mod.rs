@@ -12,6 +12,8 @@
 //! | heartbeat 34, unregister 35 | `client_manage.rs` | `ClientManageProcessor` |
 //! | consumer offsets 14, 15; consumer list 38 | `consumer_manage.rs` | `ConsumerManageProcessor` |
 //! | route 105, cluster info 106 | `namesrv.rs` | the name server's `DefaultRequestProcessor` |
+//! | runtime info 28, broker config 25/26, topic stats 202, delete topic 215, clean unused topics 316, delete expired files 329; topic list 206, name-server delete 216 | `admin_store.rs` | `AdminBrokerProcessor` (store side) |
+//! | subscription groups 200/201/207, consume stats 208, queue locks 41/42, client config check 46, connection lists 203/204 | `admin_group.rs` | `AdminBrokerProcessor` (groups), `RebalanceLockManager` |
 //!
 //! Invariants:
 //! * Every request gets exactly one [`Outcome`]: a one-way request never gets a reply,
@@ -50,6 +52,8 @@
 //!   same way.
 
 mod admin_broker;
+mod admin_group;
+mod admin_store;
 mod client_manage;
 mod consumer_manage;
 mod namesrv;
@@ -193,13 +197,37 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         GET_MAX_OFFSET | GET_MIN_OFFSET => admin_broker::queue_offset(st, &req).await,
         SEARCH_OFFSET_BY_TIMESTAMP => admin_broker::search_offset(st, &req).await,
         GET_EARLIEST_MSG_STORETIME => admin_broker::earliest_time(st, &req).await,
-        HEART_BEAT => client_manage::heartbeat(st, &req, conn),
+        HEART_BEAT => {
+            let r = client_manage::heartbeat(st, &req, conn);
+            if r.is_ok() {
+                admin_group::note_connection(st, &req, conn, peer);
+            }
+            r
+        }
+        GET_CONSUMER_CONNECTION_LIST => admin_group::consumer_connections(st, &req),
+        GET_PRODUCER_CONNECTION_LIST => admin_group::producer_connections(st, &req),
         UNREGISTER_CLIENT => client_manage::unregister(st, &req),
         QUERY_CONSUMER_OFFSET => consumer_manage::query_consumer_offset(st, &req).await,
         UPDATE_CONSUMER_OFFSET => consumer_manage::update_consumer_offset(st, &req),
         GET_CONSUMER_LIST_BY_GROUP => consumer_manage::consumer_list(st, &req),
         GET_ROUTEINFO_BY_TOPIC => namesrv::route(st, &req),
         GET_BROKER_CLUSTER_INFO => Ok(namesrv::cluster_info(st, &req)),
+        GET_BROKER_RUNTIME_INFO => admin_store::runtime_info(st, &req).await,
+        GET_BROKER_CONFIG => admin_store::broker_config(st, &req).await,
+        UPDATE_BROKER_CONFIG => admin_store::update_broker_config(st, &req).await,
+        GET_TOPIC_STATS_INFO => admin_store::topic_stats(st, &req).await,
+        DELETE_TOPIC_IN_BROKER => admin_store::delete_topic(st, &req).await,
+        CLEAN_UNUSED_TOPIC => admin_store::clean_unused_topics(st, &req).await,
+        DELETE_EXPIRED_COMMITLOG => admin_store::delete_expired(st, &req).await,
+        GET_ALL_TOPIC_LIST_FROM_NAMESERVER => Ok(admin_store::topic_list(st, &req)),
+        DELETE_TOPIC_IN_NAMESRV => admin_store::namesrv_delete_topic(st, &req),
+        UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => admin_group::update_group(st, &req),
+        GET_ALL_SUBSCRIPTIONGROUP_CONFIG => Ok(admin_group::all_groups(st, &req)),
+        DELETE_SUBSCRIPTIONGROUP => admin_group::delete_group(st, &req),
+        GET_CONSUME_STATS => admin_group::consume_stats(st, &req).await,
+        LOCK_BATCH_MQ => admin_group::lock_batch(st, &req),
+        UNLOCK_BATCH_MQ => admin_group::unlock_batch(st, &req),
+        CHECK_CLIENT_CONFIG => admin_group::check_client_config(st, &req),
         TEST_PANIC_IN_HANDLER if st.cfg.test_hooks => {
             panic!("test hook: request code {TEST_PANIC_IN_HANDLER} panics in its handler")
         }
@@ -360,6 +388,14 @@ fn queue_args(req: &RemotingCommand) -> Result<(String, i32), Reject> {
 
 fn ok(req: &RemotingCommand) -> RemotingCommand {
     RemotingCommand::response_to(req, SUCCESS, None)
+}
+
+/// RocketMQ's group-name rule: 1..=255 characters of `[%|a-zA-Z0-9_-]`.
+pub(crate) fn valid_name(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 255
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'%' | b'|' | b'_' | b'-'))
 }
 
 /// RocketMQ's topic rule: 1..=127 characters of `[%|a-zA-Z0-9_-]`.

@@ -53,6 +53,20 @@ fn parse_pull(req: &RemotingCommand) -> Result<PullArgs, Reject> {
     let offset: i64 = num(req, "queueOffset")?;
     let max: i64 = opt_num(req, "maxMsgNums")?.unwrap_or(32);
     let sub = req.field("subscription").unwrap_or("*").trim();
+    // Only tag expressions are served: any other type (SQL92) is refused with
+    // RocketMQ's answer for a broker without property filtering, never matched
+    // against tags.
+    if let Some(kind) = req.field("expressionType")
+        && !kind.eq_ignore_ascii_case("TAG")
+    {
+        return Err(super::reject(
+            SYSTEM_ERROR,
+            format!(
+                "The broker does not support consumer to filter message by {}",
+                super::clip(kind)
+            ),
+        ));
+    }
     let tags = if sub.is_empty() || sub == "*" {
         Vec::new()
     } else {

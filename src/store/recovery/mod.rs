@@ -213,6 +213,7 @@ async fn open_structures(
         clean: cleaner,
         checkpointed: Cell::new((0, 0)),
         sched: super::scheduled::Scheduling::load(cfg)?,
+        stats: crate::stats::StatsRecorder::new(),
     });
     let files = queue_files(&inner, cp.as_ref(), damaged, dropped);
     let queues_from = match decide(Facts::Loaded {

@@ -234,6 +234,10 @@ pub struct LoadConfig {
     /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
     #[arg(long, value_name = "US")]
     pub spin_us: Option<u64>,
+    /// The shards' stall detector threshold (`ShardedConfig::stall_threshold`); 0 turns
+    /// it off
+    #[arg(long, value_name = "MS", default_value_t = 10)]
+    pub stall_ms: u64,
     /// Replicate to an in-process slave store (its own directory beside the store's,
     /// removed at the end) over loopback: the store runs as SYNC_MASTER, so every put
     /// waits for the slave's acknowledgement (scenario 8)
@@ -373,6 +377,7 @@ impl LoadConfig {
             "sync_io": match self.sync_io { SyncIo::Dsync => "dsync", SyncIo::Ring => "ring" },
             "prewrite_mib": self.prewrite_mib,
             "spin_us": self.spin_us,
+            "stall_ms": self.stall_ms,
             "slave": self.slave,
         })
     }

@@ -119,6 +119,7 @@ fn open_store(
     sc.store = template;
     sc.spin_before_park = cfg.spin_us.map(Duration::from_micros);
     sc.preempt_timer = Some(PREEMPT_TIMER);
+    sc.stall_threshold = (cfg.stall_ms > 0).then(|| Duration::from_millis(cfg.stall_ms));
     ShardedStore::open(sc).map_err(|e| format!("cannot open the store in {}: {e}", root.display()))
 }
 

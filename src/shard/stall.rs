@@ -1,0 +1,178 @@
+//! The stall detector: RocketMQ's lock-held monitor (it reports a put lock held too
+//! long) for an executor. A shard's task queue that runs without giving the executor
+//! back (a blocking call on the executor, a loop that never yields) freezes every
+//! other task of that shard, its puts included; this reports it, never silently.
+//!
+//! Two parts, each for a reason:
+//! * **On the shard**, a heartbeat task in its own task queue (`stall-watch`, high
+//!   shares, latency `Matters(threshold / 2)`: a task queue that yields as it should,
+//!   `yield_if_needed`, gives the executor back within half the threshold once a beat
+//!   is due) sleeps `tick` (a quarter of the threshold) and, on waking, measures how
+//!   late it woke. This also caps the executor's preempt timer at half the threshold
+//!   (glommio's default is 100 ms; `coremq bench` uses 5 ms). Woken more than `stall_threshold` late, the
+//!   executor did not turn for that long: the stall is counted on the shard's thread
+//!   (`Store::stats().stalls`, `/metrics`) and logged at warn with what was running:
+//!   the task queue that got the most executor time since the last beat (from
+//!   glommio's per-queue runtime statistics), named by the names the store gave its
+//!   queues (`name_queue`).
+//! * **Off the shard**, a monitor thread reads each shard's last beat every `tick`:
+//!   a shard whose beat is older than the threshold is reported while still frozen
+//!   (once per freeze, with how long so far), so a freeze that never ends (a deadlock
+//!   on a blocking call) is not silent either.
+//!
+//! glommio's own hook (`LocalExecutorBuilder::detect_stalls`) cannot be used as is:
+//! its handler's argument type is not exported, so a handler cannot be written
+//! outside glommio; this needs no patch. Cost: `4 / threshold` timer wake-ups a second
+//! per shard (400 at 10 ms), a few microseconds each.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+thread_local! {
+    static STALLS: Cell<u64> = const { Cell::new(0) };
+    static LAST: RefCell<Option<String>> = const { RefCell::new(None) };
+    static NAMES: RefCell<Option<HashMap<usize, String>>> = const { RefCell::new(None) };
+}
+
+/// Stalls counted on this thread (a shard's executor thread) so far.
+pub fn stalls_here() -> u64 {
+    STALLS.with(Cell::get)
+}
+
+/// The last stall reported on this thread: how late and what ran.
+pub fn last_stall_here() -> Option<String> {
+    LAST.with(|l| l.borrow().clone())
+}
+
+/// Names a task queue of this thread's executor for stall reports.
+pub fn name_queue(q: glommio::TaskQueueHandle, name: &str) {
+    NAMES.with(|n| {
+        n.borrow_mut()
+            .get_or_insert_with(HashMap::new)
+            .insert(q.index(), name.to_string());
+    });
+}
+
+fn queue_name(index: usize) -> String {
+    NAMES
+        .with(|n| n.borrow().as_ref().and_then(|m| m.get(&index).cloned()))
+        .unwrap_or_else(|| {
+            if index == 0 {
+                "default (requests, node connections)".into()
+            } else {
+                format!("task queue #{index}")
+            }
+        })
+}
+
+/// The shards' last beats, shared with the monitor thread.
+pub(crate) struct Beats {
+    base: Instant,
+    /// Per shard: microseconds since `base` of its last beat (0: not started).
+    last: Vec<AtomicU64>,
+    /// Per shard: the current freeze was reported by the monitor.
+    reported: Vec<AtomicBool>,
+    stop: AtomicBool,
+    threshold: Duration,
+}
+
+impl Beats {
+    pub(crate) fn new(shards: usize, threshold: Duration) -> Arc<Beats> {
+        Arc::new(Beats {
+            base: Instant::now(),
+            last: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            reported: (0..shards).map(|_| AtomicBool::new(false)).collect(),
+            stop: AtomicBool::new(false),
+            threshold,
+        })
+    }
+
+    pub(crate) fn threshold(&self) -> Duration {
+        self.threshold
+    }
+
+    fn tick(&self) -> Duration {
+        (self.threshold / 4).max(Duration::from_millis(1))
+    }
+
+    fn now_us(&self) -> u64 {
+        (self.base.elapsed().as_micros() as u64).max(1)
+    }
+
+    /// The heartbeat task of `shard` (module docs), until the shard's executor ends.
+    pub(crate) async fn run_heartbeat(self: Arc<Self>, shard: usize) {
+        let ex = glommio::executor();
+        let mut runtimes: HashMap<usize, Duration> = HashMap::new();
+        let sample = |runtimes: &mut HashMap<usize, Duration>| {
+            // glommio hands each queue's runtime since the last call (and resets it).
+            runtimes.clear();
+            for s in ex.all_task_queue_stats(Vec::new()) {
+                runtimes.insert(s.index().index(), s.runtime());
+            }
+        };
+        sample(&mut runtimes);
+        let tick = self.tick();
+        loop {
+            let slept_from = Instant::now();
+            self.last[shard].store(self.now_us(), Ordering::Relaxed);
+            self.reported[shard].store(false, Ordering::Relaxed);
+            glommio::timer::sleep(tick).await;
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let late = slept_from.elapsed().saturating_sub(tick);
+            sample(&mut runtimes);
+            if late <= self.threshold {
+                continue;
+            }
+            STALLS.with(|s| s.set(s.get() + 1));
+            let mut ran: Vec<(usize, Duration)> = runtimes.iter().map(|(q, d)| (*q, *d)).collect();
+            ran.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+            let what: Vec<String> = ran
+                .iter()
+                .take(3)
+                .filter(|(_, d)| !d.is_zero())
+                .map(|(q, d)| format!("{} ran {d:?}", queue_name(*q)))
+                .collect();
+            tracing::warn!(
+                shard,
+                stalled_for = ?late,
+                threshold = ?self.threshold,
+                running = ?what,
+                "a shard's executor stalled: no task queue turned for longer than the threshold"
+            );
+            LAST.with(|l| *l.borrow_mut() = Some(format!("stalled {late:?}; {}", what.join(", "))));
+        }
+    }
+
+    /// The monitor thread's loop (module docs), until [`Beats::stop`].
+    pub(crate) fn run_monitor(self: Arc<Self>) {
+        let tick = self.tick();
+        let limit = self.threshold.as_micros() as u64 + tick.as_micros() as u64;
+        while !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(tick);
+            let now = self.now_us();
+            for (shard, last) in self.last.iter().enumerate() {
+                let at = last.load(Ordering::Relaxed);
+                if at == 0 || now.saturating_sub(at) <= limit {
+                    continue;
+                }
+                if !self.reported[shard].swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        shard,
+                        frozen_for = ?Duration::from_micros(now - at),
+                        "a shard's executor has not turned for longer than the stall threshold \
+                         and is still frozen"
+                    );
+                }
+            }
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
