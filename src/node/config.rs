@@ -4,7 +4,7 @@
 //! at the repository root for a documented example. Unknown keys are refused, so a
 //! typo cannot pass silently; [`NodeConfig::validate`] runs before anything is bound.
 
-use crate::config::{EmptySlaveStart, FlushMode, HaConfig, HaRole};
+use crate::config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, ScheduleConfig};
 use crate::error::{Error, Result};
 use crate::shard::ShardedConfig;
 use serde::Deserialize;
@@ -114,6 +114,13 @@ pub struct NodeConfig {
     /// A slave copies its master's topics and consumer offsets this often
     /// (RocketMQ's `SlaveSynchronize`: 10 s).
     pub slave_sync_interval_ms: u64,
+    /// Delay levels (RocketMQ `messageDelayLevel`): `ScheduleConfig::message_delay_level`.
+    pub message_delay_level: String,
+    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`).
+    pub timer_enable: bool,
+    /// Furthest delivery time of a timed message, in seconds (RocketMQ 5
+    /// `timerMaxDelaySec`: 3 days).
+    pub timer_max_delay_sec: u64,
 }
 
 impl Default for NodeConfig {
@@ -160,6 +167,9 @@ impl Default for NodeConfig {
             ha_reconnect_interval_ms: 5000,
             ha_empty_slave_start: "last".into(),
             slave_sync_interval_ms: 10_000,
+            message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.into(),
+            timer_enable: true,
+            timer_max_delay_sec: 3 * 86_400,
         }
     }
 }
@@ -226,7 +236,9 @@ impl NodeConfig {
                 self.ha_empty_slave_start
             ));
         }
-        self.sharded_config().store.ha.validate()
+        let store = self.sharded_config().store;
+        store.schedule.validate()?;
+        store.ha.validate()
     }
 
     /// The replication role `role` names.
@@ -266,7 +278,18 @@ impl NodeConfig {
         s.pin = self.pin;
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
         s.store.ha = self.ha_config();
+        s.store.schedule = self.schedule_config();
         s
+    }
+
+    /// The store's delay and timer settings from `message_delay_level` and `timer_*`.
+    pub fn schedule_config(&self) -> ScheduleConfig {
+        ScheduleConfig {
+            message_delay_level: self.message_delay_level.clone(),
+            timer_enable: self.timer_enable,
+            timer_max_delay: Duration::from_secs(self.timer_max_delay_sec),
+            ..ScheduleConfig::default()
+        }
     }
 
     /// The HA port's address (see `ha_listen`).

@@ -218,6 +218,7 @@ impl Node {
         store_cfg.store.root = cfg.data_dir.clone();
         store_cfg.store.store_host = advertised;
         store_cfg.store.ha = cfg.ha_config();
+        store_cfg.store.schedule = cfg.schedule_config();
         let config_dir = cfg.data_dir.join("config");
         let topics = Topics::load(&config_dir)?;
         let offsets = Offsets::load(&config_dir)?;

@@ -12,8 +12,9 @@
 //!   `SendMessageProcessor`) is answered with its code, `msgId` and `queueOffset`; any other status is
 //!   refused with RocketMQ's response code and a remark. Only a stored put signals the
 //!   queue's held pulls.
-//! * Sent back: `%RETRY%group` at once (delay levels need scheduled delivery, not
-//!   implemented), `%DLQ%group` once the message failed `maxReconsumeTimes` (16) times.
+//! * Sent back: `%RETRY%group` after a delay level's wait (`3 + reconsumeTimes`, or the
+//!   level the consumer asks for), `%DLQ%group` once the message failed
+//!   `maxReconsumeTimes` (16) times (see [`send_back`]).
 
 use super::{
     NodeState, Reject, clip, field, local_owner, num, opt_num, reject, store_error, topic_conf,
@@ -284,10 +285,15 @@ pub(super) async fn send(
 /// (RocketMQ's `maxReconsumeTimes` default).
 const MAX_RECONSUME_TIMES: i32 = 16;
 
-/// `CONSUMER_SEND_MSG_BACK`: a consumer failed a message; store it again in the
-/// group's retry topic (`%RETRY%group`), or its dead-letter topic (`%DLQ%group`) once
-/// it failed `maxReconsumeTimes` times. Delay levels are not honoured yet (the retry
-/// is visible at once): scheduled delivery is not implemented.
+/// `CONSUMER_SEND_MSG_BACK`: a consumer failed a message; store it again for a later
+/// try, as RocketMQ's `consumerSendMsgBack` does: into the group's retry topic
+/// (`%RETRY%group`, queue 0) with delay level `delayLevel` when the consumer names one,
+/// else `3 + reconsumeTimes` (10 s, 30 s, 1 min, ... 2 h; the store clamps it to its
+/// last level), so it comes back after that delay (`crate::schedule`); into the
+/// dead-letter topic (`%DLQ%group`, queue 0, at once) once it failed
+/// `maxReconsumeTimes` (16) times or when `delayLevel` is negative. The new record's
+/// reconsume count is the original's plus one; `RETRY_TOPIC` names the first topic,
+/// `ORIGIN_MESSAGE_ID` the first message id.
 pub(super) async fn send_back(
     st: &NodeState,
     req: &RemotingCommand,
@@ -295,6 +301,7 @@ pub(super) async fn send_back(
     let offset: i64 = num(req, "offset")?;
     let group = field(req, "group")?;
     let max_times: i32 = opt_num(req, "maxReconsumeTimes")?.unwrap_or(MAX_RECONSUME_TIMES);
+    let delay_level: i32 = opt_num(req, "delayLevel")?.unwrap_or(0);
     let not_found = || {
         reject(
             SYSTEM_ERROR,
@@ -316,7 +323,8 @@ pub(super) async fn send_back(
         .ok_or_else(not_found)?;
     // Saturating: a stored message may carry any reconsume count (a client sets it).
     let times = m.reconsume_times.saturating_add(1);
-    let topic = if times > max_times {
+    let dead = m.reconsume_times >= max_times || delay_level < 0;
+    let topic = if dead {
         format!("%DLQ%{group}")
     } else {
         format!("%RETRY%{group}")
@@ -344,6 +352,15 @@ pub(super) async fn send_back(
         .or_else(|| m.msg_id.map(|i| i.to_string()))
         .unwrap_or_default();
     set("ORIGIN_MESSAGE_ID", origin, false);
+    // The retry's delay; a dead letter is stored at once (RocketMQ sets `DELAY` 0).
+    let level = if dead {
+        0
+    } else if delay_level > 0 {
+        delay_level
+    } else {
+        times.saturating_add(2)
+    };
+    set(properties::DELAY, level.to_string(), true);
     let msg = Message {
         topic: topic.clone(),
         queue_id: 0,
