@@ -174,7 +174,11 @@ pub struct ScheduleConfig {
     /// Run the delivery tasks (the sharded store starts them on every master shard).
     /// Off: delayed and timed messages are stored and wait.
     pub deliver: bool,
-    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`, on); off, they are refused.
+    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`). Off by default, and
+    /// [`ScheduleConfig::validate`] refuses it on: their delivery (the timer) is not
+    /// built yet, so a timed message is refused (`IllegalReason::TimerDisabled`)
+    /// rather than stored where nothing would deliver it. A time at or before now is
+    /// an ordinary message.
     pub timer_enable: bool,
     /// Furthest delivery time accepted (RocketMQ 5 `timerMaxDelaySec`: 3 days).
     pub timer_max_delay: Duration,
@@ -185,7 +189,7 @@ impl Default for ScheduleConfig {
         ScheduleConfig {
             message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.to_string(),
             deliver: true,
-            timer_enable: true,
+            timer_enable: false,
             timer_max_delay: Duration::from_secs(3 * 86_400),
         }
     }
@@ -200,6 +204,15 @@ impl ScheduleConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.levels()?;
+        if self.timer_enable {
+            return Err(Error::Config(
+                "timer_enable: timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, \
+                 TIMER_DELAY_MS, __STARTDELIVERTIME) are not delivered yet (no timer); \
+                 leave it off so that they are refused rather than stored and never \
+                 delivered"
+                    .into(),
+            ));
+        }
         if self.timer_max_delay.is_zero()
             || self.timer_max_delay > Duration::from_secs(365 * 86_400)
         {

@@ -116,7 +116,8 @@ pub struct NodeConfig {
     pub slave_sync_interval_ms: u64,
     /// Delay levels (RocketMQ `messageDelayLevel`): `ScheduleConfig::message_delay_level`.
     pub message_delay_level: String,
-    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`).
+    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`): must stay off (the
+    /// default) until the timer exists; see `ScheduleConfig::timer_enable`.
     pub timer_enable: bool,
     /// Furthest delivery time of a timed message, in seconds (RocketMQ 5
     /// `timerMaxDelaySec`: 3 days).
@@ -168,7 +169,7 @@ impl Default for NodeConfig {
             ha_empty_slave_start: "last".into(),
             slave_sync_interval_ms: 10_000,
             message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.into(),
-            timer_enable: true,
+            timer_enable: false,
             timer_max_delay_sec: 3 * 86_400,
         }
     }

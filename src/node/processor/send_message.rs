@@ -23,7 +23,8 @@ use super::{
 use crate::StoreOps;
 use crate::format::msg_id::MessageId;
 use crate::format::properties;
-use crate::message::{Message, PutResult, PutStatus};
+use crate::format::record;
+use crate::message::{IllegalReason, Message, PutResult, PutStatus};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
 use crate::node::state::PERM_WRITE;
@@ -75,6 +76,15 @@ fn put_code(status: PutStatus) -> (i32, Option<String>) {
     match status {
         PutStatus::PutOk => (SUCCESS, None),
         PutStatus::FlushDiskTimeout => (FLUSH_DISK_TIMEOUT, Some("flush disk timeout".into())),
+        PutStatus::MessageIllegal(IllegalReason::TimerDisabled) => (
+            MESSAGE_ILLEGAL,
+            Some(
+                "timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, \
+                 __STARTDELIVERTIME in the future) are not supported by this broker yet \
+                 (timer_enable is off); nothing was stored"
+                    .into(),
+            ),
+        ),
         PutStatus::MessageIllegal(why) => (
             MESSAGE_ILLEGAL,
             Some(format!("the message is illegal: {why:?}")),
@@ -177,7 +187,7 @@ pub(super) async fn send(
     let conf = topic_conf(st, &topic, true)?;
     if conf.perm & PERM_WRITE == 0 {
         return Err(reject(
-            2, // NO_PERMISSION
+            NO_PERMISSION,
             format!("the topic[{topic}] sending message is forbidden"),
         ));
     }
@@ -211,6 +221,17 @@ pub(super) async fn send(
     let flag: i32 = opt_num(&h, "flag")?.unwrap_or(0);
     let reconsume: i32 = opt_num(&h, "reconsumeTimes")?.unwrap_or(0);
     let props = parse_properties(h.field("properties").unwrap_or(""));
+    if is_transactional(sys_flag, &props) {
+        return Err(reject(
+            NO_PERMISSION,
+            format!(
+                "the broker[{}] sending transaction message is forbidden: transactional \
+                 (half) messages are not supported yet, and a half message stored without \
+                 END_TRANSACTION and check-back would never be delivered; nothing was stored",
+                st.cfg.broker_name
+            ),
+        ));
+    }
     let base = |flag: i32, body: Bytes, properties: Vec<(String, String)>| Message {
         topic: topic.clone(),
         queue_id,
@@ -229,10 +250,14 @@ pub(super) async fn send(
         || h.field("batch")
             .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
     let (result, ids, bytes, n) = if batch {
-        let msgs: Vec<Message> = decode_batch(&h.body)?
-            .into_iter()
-            .map(|(f, b, p)| base(f, b, p))
-            .collect();
+        let items = decode_batch(&h.body)?;
+        if items.iter().any(|(_, _, p)| is_transactional(0, p)) {
+            return Err(reject(
+                MESSAGE_ILLEGAL,
+                "a batch cannot hold transactional (TRAN_MSG) messages; nothing was stored",
+            ));
+        }
+        let msgs: Vec<Message> = items.into_iter().map(|(f, b, p)| base(f, b, p)).collect();
         let n = msgs.len() as u64;
         let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
         let began = std::time::Instant::now();
@@ -279,6 +304,15 @@ pub(super) async fn send(
         .with_field("queueOffset", result.queue_offset)
         .with_field("MSG_REGION", "DefaultRegion")
         .with_field("TRACE_ON", "true"))
+}
+
+/// A half message of a transaction: the prepared type in `sysFlag` or `TRAN_MSG`
+/// true (RocketMQ's `SendMessageProcessor` looks at the property).
+fn is_transactional(sys_flag: i32, props: &[(String, String)]) -> bool {
+    sys_flag & record::SYSFLAG_TRANSACTION_MASK == record::SYSFLAG_TRANSACTION_PREPARED
+        || props
+            .iter()
+            .any(|(n, v)| n == properties::TRAN_MSG && v.trim().eq_ignore_ascii_case("true"))
 }
 
 /// Most deliveries before a message goes to the group's dead-letter topic

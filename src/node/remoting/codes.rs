@@ -46,6 +46,7 @@ pub const SLAVE_NOT_AVAILABLE: i32 = 11;
 pub const FLUSH_SLAVE_TIMEOUT: i32 = 12;
 pub const MESSAGE_ILLEGAL: i32 = 13;
 pub const SERVICE_NOT_AVAILABLE: i32 = 14;
+pub const NO_PERMISSION: i32 = 16;
 pub const TOPIC_NOT_EXIST: i32 = 17;
 pub const PULL_NOT_FOUND: i32 = 19;
 pub const PULL_RETRY_IMMEDIATELY: i32 = 20;
