@@ -31,6 +31,7 @@ pub mod shard;
 pub mod store;
 #[cfg(feature = "tools")]
 pub mod tools;
+pub mod transaction;
 mod wake;
 
 pub use config::{

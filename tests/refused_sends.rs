@@ -1,8 +1,9 @@
 //! Sends the node cannot honour are refused with a clear error and store nothing,
-//! never accepted and lost: a timed message (the timer is not built) and a
-//! transactional half message (sysFlag prepared, or `TRAN_MSG` true; alone or in a
-//! batch; END_TRANSACTION and check-back are not built). Proof that nothing was stored: the next plain
-//! message lands right after the previous one in the log and in its queue.
+//! never accepted and lost: a timed message (the timer is not built), a
+//! transactional half message (sysFlag prepared, or `TRAN_MSG` true) under
+//! `reject_transaction_message`, and a batch holding a half message (always). Proof
+//! that nothing was stored: the next plain message lands right after the previous one
+//! in the log and in its queue.
 #![cfg(feature = "node")]
 #[path = "common/remoting.rs"]
 mod remoting;
@@ -22,6 +23,7 @@ fn start(dir: &Path) -> Node {
         metrics_enable: false,
         shards: 1,
         pin: false,
+        reject_transaction_message: true,
         ..NodeConfig::default()
     };
     let mut store = ShardedConfig::new(dir);
@@ -47,6 +49,19 @@ fn batch(msgs: &[(&[u8], &str)]) -> Vec<u8> {
     out
 }
 
+/// The messages of T queue 0 from `from`, once there are any (a put is answered
+/// before its queue entry is dispatched).
+fn wait_queue(c: &mut Client, from: u64) -> Vec<coremq::StoredMessage> {
+    let start = std::time::Instant::now();
+    loop {
+        let got = read_queue(c, "g", "T", 0, from);
+        if !got.is_empty() || start.elapsed() > std::time::Duration::from_secs(10) {
+            return got;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn half_and_timed_messages_are_refused_and_nothing_is_stored() {
     let dir = tempfile::tempdir().unwrap();
@@ -54,10 +69,11 @@ fn half_and_timed_messages_are_refused_and_nothing_is_stored() {
     let mut c = Client::connect(node.broker_addr);
     let r = send(&mut c, "pg", "T", 0, b"first", &[], 0);
     assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
-    let mut last = read_queue(&mut c, "g", "T", 0, 0).pop().unwrap();
+    let mut last = wait_queue(&mut c, 0).pop().unwrap();
 
     let future = (coremq::now_ms() + 60_000).to_string();
-    let refused: Vec<(i32, Vec<(&str, &str)>, i32)> = vec![
+    type Case<'a> = (i32, Vec<(&'a str, &'a str)>, i32);
+    let refused: Vec<Case> = vec![
         (4, vec![], NO_PERMISSION), // sysFlag TRANSACTION_PREPARED
         (0, vec![("TRAN_MSG", "true")], NO_PERMISSION),
         (
@@ -91,7 +107,7 @@ fn half_and_timed_messages_are_refused_and_nothing_is_stored() {
             0,
         );
         assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
-        let got = read_queue(&mut c, "g", "T", 0, last.queue_offset + 1);
+        let got = wait_queue(&mut c, last.queue_offset + 1);
         assert_eq!(got.len(), 1, "case {i}");
         assert_eq!(got[0].body.as_ref(), format!("after {i}").as_bytes());
         assert_eq!(
@@ -122,7 +138,12 @@ fn half_and_timed_messages_are_refused_and_nothing_is_stored() {
         &body,
     );
     assert_eq!(r.code, MESSAGE_ILLEGAL, "{:?}", r.remark);
-    assert!(read_queue(&mut c, "g", "T", 0, last.queue_offset + 1).is_empty());
+    let r = send(&mut c, "pg", "T", 0, b"after batch", &[], 0);
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let got = wait_queue(&mut c, last.queue_offset + 1);
+    assert_eq!(got[0].body.as_ref(), b"after batch", "the batch was stored");
+    assert_eq!(got[0].log_offset, last.log_offset + last.size as u64);
+    last = got[0].clone();
 
     // A timed message due already is an ordinary one, delivered at once.
     let past = (coremq::now_ms() - 1000).to_string();
@@ -136,7 +157,7 @@ fn half_and_timed_messages_are_refused_and_nothing_is_stored() {
         0,
     );
     assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
-    let got = read_queue(&mut c, "g", "T", 0, last.queue_offset + 1);
+    let got = wait_queue(&mut c, last.queue_offset + 1);
     assert_eq!(got[0].body.as_ref(), b"due");
     node.shutdown().unwrap();
 }

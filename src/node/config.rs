@@ -122,6 +122,17 @@ pub struct NodeConfig {
     /// Furthest delivery time of a timed message, in seconds (RocketMQ 5
     /// `timerMaxDelaySec`: 3 days).
     pub timer_max_delay_sec: u64,
+    /// Refuse transactional (half) sends with NO_PERMISSION (RocketMQ
+    /// `rejectTransactionMessage`, off).
+    pub reject_transaction_message: bool,
+    /// A half message undecided this long after it was stored is checked back
+    /// (RocketMQ `transactionTimeOut`: 6 s).
+    pub transaction_timeout_ms: u64,
+    /// Check-backs before an undecided half message is discarded to
+    /// `TRANS_CHECK_MAX_TIME_TOPIC` (RocketMQ `transactionCheckMax`: 15).
+    pub transaction_check_max: u32,
+    /// How often the half queue is checked (RocketMQ `transactionCheckInterval`: 60 s).
+    pub transaction_check_interval_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -171,6 +182,10 @@ impl Default for NodeConfig {
             message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.into(),
             timer_enable: false,
             timer_max_delay_sec: 3 * 86_400,
+            reject_transaction_message: false,
+            transaction_timeout_ms: 6000,
+            transaction_check_max: 15,
+            transaction_check_interval_ms: 60_000,
         }
     }
 }
@@ -217,6 +232,11 @@ impl NodeConfig {
             ("offset_flush_interval_ms", self.offset_flush_interval_ms),
             ("client_expiry_ms", self.client_expiry_ms),
             ("register_interval_ms", self.register_interval_ms),
+            ("transaction_timeout_ms", self.transaction_timeout_ms),
+            (
+                "transaction_check_interval_ms",
+                self.transaction_check_interval_ms,
+            ),
         ];
         for (name, ms) in intervals {
             if ms > MAX_INTERVAL_MS {
@@ -224,6 +244,13 @@ impl NodeConfig {
                     "{name} must be at most {MAX_INTERVAL_MS} (a week), not {ms}"
                 ));
             }
+        }
+        if self.transaction_timeout_ms == 0 || self.transaction_check_interval_ms < 10 {
+            return bad(
+                "transaction_timeout_ms must be positive and transaction_check_interval_ms \
+                 at least 10"
+                    .into(),
+            );
         }
         if self.ha_role().is_none() {
             return bad(format!(

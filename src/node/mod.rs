@@ -76,13 +76,14 @@ mod shard_net;
 mod slave_sync;
 mod state;
 mod thread_net;
+mod transaction_check;
 
 pub use config::{Network, NodeConfig};
 
 use crate::error::{Error, Result};
 use crate::shard::{Handle, ShardedConfig, ShardedStore};
 use metrics::Metrics;
-use state::{Arrivals, Clients, Offsets, Topics, lock};
+use state::{Arrivals, Clients, Offsets, Outboxes, Topics, lock};
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -102,6 +103,9 @@ pub(crate) struct NodeState {
     pub topics: Topics,
     pub offsets: Offsets,
     pub clients: Clients,
+    /// Producer groups (from heartbeats), for transaction check-backs.
+    pub producers: Clients,
+    pub outboxes: Outboxes,
     pub arrivals: Arrivals,
     pub metrics: Metrics,
     pub shutting: AtomicBool,
@@ -235,6 +239,8 @@ impl Node {
             topics,
             offsets,
             clients: Clients::default(),
+            producers: Clients::default(),
+            outboxes: Outboxes::default(),
             arrivals: Arrivals::default(),
             shutting: AtomicBool::new(false),
             next_queue: AtomicU64::new(0),
@@ -277,6 +283,10 @@ impl Node {
         }
         let st = state.clone();
         node.spawn("coremq-housekeeping", move || housekeeping(st))?;
+        if !is_slave {
+            let st = state.clone();
+            node.spawn("coremq-tx-check", move || transaction_check::check_loop(st))?;
+        }
         if !state.cfg.namesrv_addr.is_empty() {
             let st = state.clone();
             node.spawn("coremq-register", move || register::register_loop(st))?;
@@ -459,6 +469,8 @@ fn housekeeping(st: Arc<NodeState>) {
             tracing::error!(error = %e, "cannot write consumer offsets");
         }
         st.clients
+            .expire(Duration::from_millis(st.cfg.client_expiry_ms));
+        st.producers
             .expire(Duration::from_millis(st.cfg.client_expiry_ms));
     }
 }

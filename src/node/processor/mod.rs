@@ -52,6 +52,7 @@
 mod admin_broker;
 mod client_manage;
 mod consumer_manage;
+mod end_transaction;
 mod namesrv;
 mod pull_message;
 mod query_message;
@@ -179,6 +180,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
             send_message::send(st, &req, peer).await
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
+        END_TRANSACTION => end_transaction::end_transaction(st, &req, peer).await,
         PULL_MESSAGE | LITE_PULL_MESSAGE => {
             // A one-way pull is served (a commit offset it carries is stored) but never
             // answered, held or not.

@@ -12,6 +12,9 @@
 //!   `SendMessageProcessor`) is answered with its code, `msgId` and `queueOffset`; any other status is
 //!   refused with RocketMQ's response code and a remark. Only a stored put signals the
 //!   queue's held pulls.
+//! * A transactional send (sysFlag prepared or `TRAN_MSG` true) stores a half message
+//!   (`crate::transaction::half`), answered with its half-queue offset; refused with
+//!   NO_PERMISSION under `reject_transaction_message`, and in a batch.
 //! * Sent back: `%RETRY%group` after a delay level's wait (`3 + reconsumeTimes`, or the
 //!   level the consumer asks for), `%DLQ%group` once the message failed
 //!   `maxReconsumeTimes` (16) times (see [`send_back`]).
@@ -221,13 +224,13 @@ pub(super) async fn send(
     let flag: i32 = opt_num(&h, "flag")?.unwrap_or(0);
     let reconsume: i32 = opt_num(&h, "reconsumeTimes")?.unwrap_or(0);
     let props = parse_properties(h.field("properties").unwrap_or(""));
-    if is_transactional(sys_flag, &props) {
+    let transactional = is_transactional(sys_flag, &props);
+    if transactional && st.cfg.reject_transaction_message {
         return Err(reject(
             NO_PERMISSION,
             format!(
-                "the broker[{}] sending transaction message is forbidden: transactional \
-                 (half) messages are not supported yet, and a half message stored without \
-                 END_TRANSACTION and check-back would never be delivered; nothing was stored",
+                "the broker[{}] sending transaction message is forbidden \
+                 (reject_transaction_message); nothing was stored",
                 st.cfg.broker_name
             ),
         ));
@@ -251,7 +254,7 @@ pub(super) async fn send(
             .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
     let (result, ids, bytes, n) = if batch {
         let items = decode_batch(&h.body)?;
-        if items.iter().any(|(_, _, p)| is_transactional(0, p)) {
+        if transactional || items.iter().any(|(_, _, p)| is_transactional(0, p)) {
             return Err(reject(
                 MESSAGE_ILLEGAL,
                 "a batch cannot hold transactional (TRAN_MSG) messages; nothing was stored",
@@ -281,9 +284,13 @@ pub(super) async fn send(
         (first, ids.join(","), bytes, n)
     } else {
         let bytes = h.body.len() as u64;
-        let msg = base(flag, h.body.clone(), props);
+        let mut msg = base(flag, h.body.clone(), props);
+        if transactional {
+            // A half message waits in the half topic (`crate::transaction`).
+            msg = crate::transaction::half(msg);
+        }
         let began = std::time::Instant::now();
-        let r = match local_owner(&topic, queue_id) {
+        let r = match local_owner(&msg.topic, msg.queue_id) {
             Some(store) => store.put(msg).await,
             None => st.handle.put(msg).await,
         };
@@ -297,7 +304,11 @@ pub(super) async fn send(
     }
     st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
     st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
-    st.arrivals.arrived(&topic, queue_id);
+    if !transactional {
+        st.arrivals.arrived(&topic, queue_id);
+    }
+    // A half message's queueOffset is its place in the half queue
+    // (END_TRANSACTION's tranStateTableOffset), as RocketMQ answers.
     Ok(RemotingCommand::response_to(req, code, remark)
         .with_field("msgId", ids)
         .with_field("queueId", queue_id)

@@ -19,7 +19,10 @@ pub const VIEW_MESSAGE_BY_ID: i32 = 33;
 pub const HEART_BEAT: i32 = 34;
 pub const UNREGISTER_CLIENT: i32 = 35;
 pub const CONSUMER_SEND_MSG_BACK: i32 = 36;
+pub const END_TRANSACTION: i32 = 37;
 pub const GET_CONSUMER_LIST_BY_GROUP: i32 = 38;
+/// Broker to producer: what became of this half message?
+pub const CHECK_TRANSACTION_STATE: i32 = 39;
 pub const GET_ALL_CONSUMER_OFFSET: i32 = 43;
 pub const REGISTER_BROKER: i32 = 103;
 pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
