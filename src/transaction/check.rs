@@ -10,7 +10,7 @@
 //! | decided (an op record names `q`) | none | past `q` |
 //! | stored less than the timeout ago | the pass ends (later ones are newer) | stays at `q` |
 //! | checked `check_max` times | copied to `CHECK_MAX_TOPIC`, then an op record for `q` | past `q` |
-//! | otherwise | put back (a copy at the end, checks + 1), then the producer is asked about the copy | past `q` |
+//! | otherwise | put back (a copy at the end, checks + 1), an op record for `q`, then the producer is asked about the copy | past `q` |
 //!
 //! A put that fails ends the pass with the progress at `q`: the next pass tries again.
 //! Age is measured from the store timestamp (RocketMQ uses the producer's born
@@ -147,6 +147,13 @@ impl Checker {
                 if !back.status.is_stored() {
                     tracing::warn!(offset = q, status = ?back.status, "transaction check: cannot put a half message back yet");
                     break 'walk;
+                }
+                // The original is superseded by its copy: an op record for it keeps a
+                // pass that starts behind (progress not yet persisted at a crash) from
+                // putting it back a second time.
+                let op = store.put(super::op_record(q, m.born_host)).await;
+                if !op.status.is_stored() {
+                    tracing::warn!(offset = q, status = ?op.status, "transaction check: put back, but the original's op record was refused");
                 }
                 report.checked += 1;
                 report.progress = q + 1;

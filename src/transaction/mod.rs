@@ -16,8 +16,8 @@
 //! no op record is undecided.
 //!
 //! **Check-back.** An undecided half message older than the transaction timeout is
-//! put again at the end of the half queue with `TRANSACTION_CHECK_TIMES` + 1 and the
-//! producer is asked about that copy (`check.rs`); after `transactionCheckMax` checks
+//! put again at the end of the half queue with `TRANSACTION_CHECK_TIMES` + 1, an op
+//! record retires the original, and the producer is asked about the copy (`check.rs`); after `transactionCheckMax` checks
 //! it goes to [`CHECK_MAX_TOPIC`] (RocketMQ 5's) for an operator to inspect. The
 //! checker's progress in the half queue is the consumer offset of [`CHECK_GROUP`], as
 //! RocketMQ keeps it.
