@@ -182,6 +182,21 @@ pub struct ScheduleConfig {
     pub timer_enable: bool,
     /// Furthest delivery time accepted (RocketMQ 5 `timerMaxDelaySec`: 3 days).
     pub timer_max_delay: Duration,
+    /// Called with (topic, queue id) when a delivered message is dispatched into its
+    /// real queue, on the dispatching shard's thread (RocketMQ's
+    /// `MessageArrivingListener`): the node wakes the pulls held on that queue. Keep
+    /// it short; it must not block.
+    pub on_delivered: Option<DeliveredHook>,
+}
+
+/// A [`ScheduleConfig::on_delivered`] callback.
+#[derive(Clone)]
+pub struct DeliveredHook(pub std::sync::Arc<dyn Fn(&str, i32) + Send + Sync>);
+
+impl std::fmt::Debug for DeliveredHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeliveredHook")
+    }
 }
 
 impl Default for ScheduleConfig {
@@ -191,6 +206,7 @@ impl Default for ScheduleConfig {
             deliver: true,
             timer_enable: false,
             timer_max_delay: Duration::from_secs(3 * 86_400),
+            on_delivered: None,
         }
     }
 }

@@ -131,3 +131,37 @@ fn sent_back_messages_come_back_after_growing_delays_then_go_to_the_dlq() {
     assert_eq!(m.body.as_ref(), b"other");
     node.shutdown().unwrap();
 }
+
+/// A pull held on the retry queue is answered when the retry is delivered there (the
+/// store tells the node, as RocketMQ's `MessageArrivingListener`), not at the hold's
+/// next once-a-second look.
+#[test]
+fn a_held_pull_wakes_when_the_retry_is_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path());
+    let mut c = Client::connect(node.broker_addr);
+    let r = send(&mut c, "pg", "Work", 0, b"job", &[], 0);
+    let offset = offset_of(r.field("msgId").unwrap());
+    // Create the retry topic's queue first so the pull below is held, not refused.
+    let warm = send(&mut c, "pg", "Work", 0, b"warm", &[], 0);
+    assert_eq!(
+        send_back(&mut c, offset_of(warm.field("msgId").unwrap()), -1, 16).code,
+        SUCCESS
+    );
+    for _ in 0..3 {
+        let since = Instant::now();
+        assert_eq!(send_back(&mut c, offset, 2, 16).code, SUCCESS);
+        let n = read_queue(&mut c, "g", "%RETRY%g", 0, 0).len() as u64;
+        let r = pull(&mut c, "g", "%RETRY%g", 0, n, 5000);
+        let took = since.elapsed();
+        assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+        assert_eq!(records(&r.body)[0].body.as_ref(), b"job");
+        assert!(took >= Duration::from_millis(2 * STEP_MS), "{took:?}");
+        assert!(
+            took < Duration::from_millis(2 * STEP_MS + 500),
+            "the held pull answered {took:?} after the send-back: not woken by the delivery"
+        );
+        eprintln!("held pull answered {took:?} after the send-back (level 2 = 300 ms)");
+    }
+    node.shutdown().unwrap();
+}

@@ -106,7 +106,7 @@ pub(crate) struct NodeState {
     /// Producer groups (from heartbeats), for transaction check-backs.
     pub producers: Clients,
     pub outboxes: Outboxes,
-    pub arrivals: Arrivals,
+    pub arrivals: Arc<Arrivals>,
     pub metrics: Metrics,
     pub shutting: AtomicBool,
     pub next_queue: AtomicU64,
@@ -223,6 +223,12 @@ impl Node {
         store_cfg.store.store_host = advertised;
         store_cfg.store.ha = cfg.ha_config();
         store_cfg.store.schedule = cfg.schedule_config();
+        // A delayed message delivered into its queue wakes the pulls held there.
+        let arrivals = Arc::new(Arrivals::default());
+        let woken = arrivals.clone();
+        store_cfg.store.schedule.on_delivered = Some(crate::config::DeliveredHook(Arc::new(
+            move |topic: &str, queue_id: i32| woken.arrived(topic, queue_id),
+        )));
         let config_dir = cfg.data_dir.join("config");
         let topics = Topics::load(&config_dir)?;
         let offsets = Offsets::load(&config_dir)?;
@@ -241,7 +247,7 @@ impl Node {
             clients: Clients::default(),
             producers: Clients::default(),
             outboxes: Outboxes::default(),
-            arrivals: Arrivals::default(),
+            arrivals,
             shutting: AtomicBool::new(false),
             next_queue: AtomicU64::new(0),
             held: Arc::new(AtomicUsize::new(0)),
