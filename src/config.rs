@@ -189,9 +189,12 @@ pub struct ScheduleConfig {
     pub on_delivered: Option<DeliveredHook>,
 }
 
+/// The function a [`DeliveredHook`] calls with (topic, queue id).
+pub type DeliveredFn = dyn Fn(&str, i32) + Send + Sync;
+
 /// A [`ScheduleConfig::on_delivered`] callback.
 #[derive(Clone)]
-pub struct DeliveredHook(pub std::sync::Arc<dyn Fn(&str, i32) + Send + Sync>);
+pub struct DeliveredHook(pub std::sync::Arc<DeliveredFn>);
 
 impl std::fmt::Debug for DeliveredHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
