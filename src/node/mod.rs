@@ -25,6 +25,8 @@
 //! * **Responses** go out through one writer per connection (a write lock, or a
 //!   writer task fed by a channel), so a held pull answered later never interleaves
 //!   with another response; requests may be answered out of order (by `opaque`).
+//!   Requests the broker starts (transaction check-backs, `transaction_check.rs`) go
+//!   through the same writer from a per-connection outbox (`state::Outboxes`).
 //! * **Bad input.** A malformed frame (length outside 4..=`max_frame_bytes`, a header
 //!   that does not decode, an unknown serialize type) closes only its connection.
 //!   Unknown request codes get `REQUEST_CODE_NOT_SUPPORTED`; missing or malformed

@@ -6,6 +6,7 @@
 //! | codes | file | RocketMQ class |
 //! |---|---|---|
 //! | send 10, 310, 320; send back 36 | `send_message.rs` | `SendMessageProcessor` |
+//! | end transaction 37 | `end_transaction.rs` | `EndTransactionProcessor` |
 //! | pull 11, lite pull 361 (long polling) | `pull_message.rs` | `PullMessageProcessor`, `PullRequestHoldService` |
 //! | query by key 12, view by id 33 | `query_message.rs` | `QueryMessageProcessor` |
 //! | create topic 17, offsets 29-32, all topics 21, all consumer offsets 43 | `admin_broker.rs` | `AdminBrokerProcessor` |
