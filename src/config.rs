@@ -177,10 +177,32 @@ pub struct ScheduleConfig {
     /// Run the delivery tasks (the sharded store starts them on every master shard).
     /// Off: delayed and timed messages are stored and wait.
     pub deliver: bool,
-    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`, on); off, they are refused.
+    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`). Off by default, and
+    /// [`ScheduleConfig::validate`] refuses it on: their delivery (the timer) is not
+    /// built yet, so a timed message is refused (`IllegalReason::TimerDisabled`)
+    /// rather than stored where nothing would deliver it. A time at or before now is
+    /// an ordinary message.
     pub timer_enable: bool,
     /// Furthest delivery time accepted (RocketMQ 5 `timerMaxDelaySec`: 3 days).
     pub timer_max_delay: Duration,
+    /// Called with (topic, queue id) when a delivered message is dispatched into its
+    /// real queue, on the dispatching shard's thread (RocketMQ's
+    /// `MessageArrivingListener`): the node wakes the pulls held on that queue. Keep
+    /// it short; it must not block.
+    pub on_delivered: Option<DeliveredHook>,
+}
+
+/// The function a [`DeliveredHook`] calls with (topic, queue id).
+pub type DeliveredFn = dyn Fn(&str, i32) + Send + Sync;
+
+/// A [`ScheduleConfig::on_delivered`] callback.
+#[derive(Clone)]
+pub struct DeliveredHook(pub std::sync::Arc<DeliveredFn>);
+
+impl std::fmt::Debug for DeliveredHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeliveredHook")
+    }
 }
 
 impl Default for ScheduleConfig {
@@ -188,8 +210,9 @@ impl Default for ScheduleConfig {
         ScheduleConfig {
             message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.to_string(),
             deliver: true,
-            timer_enable: true,
+            timer_enable: false,
             timer_max_delay: Duration::from_secs(3 * 86_400),
+            on_delivered: None,
         }
     }
 }
@@ -203,6 +226,15 @@ impl ScheduleConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.levels()?;
+        if self.timer_enable {
+            return Err(Error::Config(
+                "timer_enable: timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, \
+                 TIMER_DELAY_MS, __STARTDELIVERTIME) are not delivered yet (no timer); \
+                 leave it off so that they are refused rather than stored and never \
+                 delivered"
+                    .into(),
+            ));
+        }
         if self.timer_max_delay.is_zero()
             || self.timer_max_delay > Duration::from_secs(365 * 86_400)
         {

@@ -33,6 +33,7 @@ pub mod stats;
 pub mod store;
 #[cfg(feature = "tools")]
 pub mod tools;
+pub mod transaction;
 mod wake;
 
 pub use config::{

@@ -388,23 +388,29 @@ fn route_send_pull_offsets_queries(network: Network) {
     );
     assert_eq!(r.code, SYSTEM_ERROR);
 
-    // A consumer sends m0 back: it reappears in the group's retry topic.
+    // A consumer sends m0 back with delay level 1 (1 s): it reappears in the group's
+    // retry topic after the delay, not at once.
     let r = c.call(
         CONSUMER_SEND_MSG_BACK,
         &[
             ("offset", &offset),
             ("group", "cg"),
-            ("delayLevel", "0"),
+            ("delayLevel", "1"),
             ("originMsgId", &id0),
         ],
         b"",
     );
     assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
-    let r = pull(&mut c, "%RETRY%cg", 0, 0, 2000);
+    let sent_back = Instant::now();
+    let r = pull(&mut c, "%RETRY%cg", 0, 0, 0);
+    assert_ne!(r.code, SUCCESS, "the retry is visible only after its delay");
+    let r = pull(&mut c, "%RETRY%cg", 0, 0, 5000);
     assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert!(sent_back.elapsed() >= Duration::from_millis(900));
     let back = records(&r.body);
     assert_eq!(back[0].body.as_ref(), b"m0");
     assert_eq!(back[0].reconsume_times, 1);
+    assert_eq!(back[0].property("DELAY"), Some("1"));
     assert_eq!(back[0].property("RETRY_TOPIC"), Some("Orders"));
     assert_eq!(back[0].property("ORIGIN_MESSAGE_ID"), Some(id0.as_str()));
     let r = c.call(

@@ -86,7 +86,7 @@ fn schedule_crash_child() {
     let acks = std::env::var(ACKS_ENV).unwrap();
     let opened = std::env::var(OPENED_ENV).unwrap();
     let cycle: u64 = std::env::var(CYCLE_ENV).unwrap().parse().unwrap();
-    let store = ShardedStore::open(config(Path::new(&dir), cycle % 2 == 0)).unwrap();
+    let store = ShardedStore::open(config(Path::new(&dir), cycle.is_multiple_of(2))).unwrap();
     std::fs::write(&opened, crate::now().to_string()).unwrap();
     let log = std::sync::Arc::new(std::sync::Mutex::new(
         std::fs::OpenOptions::new()

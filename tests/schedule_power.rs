@@ -260,7 +260,7 @@ fn two_shards_power_loss_delivers_each_delayed_message_once() {
                 }
                 let level = (i % 3) as i32 + 1;
                 // Half go to queues of shard 1 through this shard's own store.
-                let q = if i % 2 == 0 {
+                let q = if i.is_multiple_of(2) {
                     foreign[(i / 2) as usize % foreign.len()]
                 } else {
                     local[(i / 2) as usize % local.len()]

@@ -11,6 +11,8 @@ pub const TAGS: &str = "TAGS";
 pub const UNIQ_KEY: &str = "UNIQ_KEY";
 pub const WAIT: &str = "WAIT";
 pub const DELAY: &str = "DELAY";
+/// `"true"` on a transactional (half) message (RocketMQ `PROPERTY_TRANSACTION_PREPARED`).
+pub const TRAN_MSG: &str = "TRAN_MSG";
 /// Name of the optional whole-record CRC property.
 pub const CRC32: &str = "__CRC32#";
 /// Properties whose name starts with this are never stored.

@@ -4,7 +4,7 @@
 //! at the repository root for a documented example. Unknown keys are refused, so a
 //! typo cannot pass silently; [`NodeConfig::validate`] runs before anything is bound.
 
-use crate::config::{EmptySlaveStart, FlushMode, HaConfig, HaRole};
+use crate::config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, ScheduleConfig};
 use crate::error::{Error, Result};
 use crate::shard::ShardedConfig;
 use serde::Deserialize;
@@ -137,6 +137,25 @@ pub struct NodeConfig {
     /// Commit-log segment size (RocketMQ `mappedFileSizeCommitLog`: 1 GiB); fixed
     /// when the store is created.
     pub segment_bytes: u64,
+    /// Delay levels (RocketMQ `messageDelayLevel`): `ScheduleConfig::message_delay_level`.
+    pub message_delay_level: String,
+    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`): must stay off (the
+    /// default) until the timer exists; see `ScheduleConfig::timer_enable`.
+    pub timer_enable: bool,
+    /// Furthest delivery time of a timed message, in seconds (RocketMQ 5
+    /// `timerMaxDelaySec`: 3 days).
+    pub timer_max_delay_sec: u64,
+    /// Refuse transactional (half) sends with NO_PERMISSION (RocketMQ
+    /// `rejectTransactionMessage`, off).
+    pub reject_transaction_message: bool,
+    /// A half message undecided this long after it was stored is checked back
+    /// (RocketMQ `transactionTimeOut`: 6 s).
+    pub transaction_timeout_ms: u64,
+    /// Check-backs before an undecided half message is discarded to
+    /// `TRANS_CHECK_MAX_TIME_TOPIC` (RocketMQ `transactionCheckMax`: 15).
+    pub transaction_check_max: u32,
+    /// How often the half queue is checked (RocketMQ `transactionCheckInterval`: 60 s).
+    pub transaction_check_interval_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -192,6 +211,13 @@ impl Default for NodeConfig {
             delete_file_batch_max: 10,
             clean_interval_ms: 10_000,
             segment_bytes: 1 << 30,
+            message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.into(),
+            timer_enable: false,
+            timer_max_delay_sec: 3 * 86_400,
+            reject_transaction_message: false,
+            transaction_timeout_ms: 6000,
+            transaction_check_max: 15,
+            transaction_check_interval_ms: 60_000,
         }
     }
 }
@@ -239,6 +265,11 @@ impl NodeConfig {
             ("client_expiry_ms", self.client_expiry_ms),
             ("register_interval_ms", self.register_interval_ms),
             ("clean_interval_ms", self.clean_interval_ms),
+            ("transaction_timeout_ms", self.transaction_timeout_ms),
+            (
+                "transaction_check_interval_ms",
+                self.transaction_check_interval_ms,
+            ),
         ];
         for (name, ms) in intervals {
             if ms > MAX_INTERVAL_MS {
@@ -246,6 +277,13 @@ impl NodeConfig {
                     "{name} must be at most {MAX_INTERVAL_MS} (a week), not {ms}"
                 ));
             }
+        }
+        if self.transaction_timeout_ms == 0 || self.transaction_check_interval_ms < 10 {
+            return bad(
+                "transaction_timeout_ms must be positive and transaction_check_interval_ms \
+                 at least 10"
+                    .into(),
+            );
         }
         if self.ha_role().is_none() {
             return bad(format!(
@@ -259,7 +297,9 @@ impl NodeConfig {
                 self.ha_empty_slave_start
             ));
         }
-        self.sharded_config().store.ha.validate()
+        let store = self.sharded_config().store;
+        store.schedule.validate()?;
+        store.ha.validate()
     }
 
     /// The replication role `role` names.
@@ -309,7 +349,18 @@ impl NodeConfig {
         r.clean_file_forcibly = self.clean_file_forcibly;
         r.delete_file_batch_max = self.delete_file_batch_max;
         r.clean_interval = Duration::from_millis(self.clean_interval_ms.max(1));
+        s.store.schedule = self.schedule_config();
         s
+    }
+
+    /// The store's delay and timer settings from `message_delay_level` and `timer_*`.
+    pub fn schedule_config(&self) -> ScheduleConfig {
+        ScheduleConfig {
+            message_delay_level: self.message_delay_level.clone(),
+            timer_enable: self.timer_enable,
+            timer_max_delay: Duration::from_secs(self.timer_max_delay_sec),
+            ..ScheduleConfig::default()
+        }
     }
 
     /// The HA port's address (see `ha_listen`).

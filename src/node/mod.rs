@@ -25,6 +25,8 @@
 //! * **Responses** go out through one writer per connection (a write lock, or a
 //!   writer task fed by a channel), so a held pull answered later never interleaves
 //!   with another response; requests may be answered out of order (by `opaque`).
+//!   Requests the broker starts (transaction check-backs, `transaction_check.rs`) go
+//!   through the same writer from a per-connection outbox (`state::Outboxes`).
 //! * **Bad input.** A malformed frame (length outside 4..=`max_frame_bytes`, a header
 //!   that does not decode, an unknown serialize type) closes only its connection.
 //!   Unknown request codes get `REQUEST_CODE_NOT_SUPPORTED`; missing or malformed
@@ -77,13 +79,14 @@ mod shard_net;
 mod slave_sync;
 mod state;
 mod thread_net;
+mod transaction_check;
 
 pub use config::{Network, NodeConfig};
 
 use crate::error::{Error, Result};
 use crate::shard::{Handle, ShardedConfig, ShardedStore};
 use metrics::Metrics;
-use state::{Arrivals, Clients, Offsets, Topics, lock};
+use state::{Arrivals, Clients, Offsets, Outboxes, Topics, lock};
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -103,13 +106,16 @@ pub(crate) struct NodeState {
     pub topics: Topics,
     pub offsets: Offsets,
     pub clients: Clients,
-    pub arrivals: Arrivals,
     /// Subscription groups and queue locks (`groups.rs`).
     pub groups: groups::SubscriptionGroups,
     pub locks: groups::QueueLocks,
     pub client_conns: groups::Connections,
     /// When the node started (ms since the epoch), for the runtime info.
     pub started_ms: i64,
+    /// Producer groups (from heartbeats), for transaction check-backs.
+    pub producers: Clients,
+    pub outboxes: Outboxes,
+    pub arrivals: Arc<Arrivals>,
     pub metrics: Metrics,
     pub shutting: AtomicBool,
     pub next_queue: AtomicU64,
@@ -225,6 +231,13 @@ impl Node {
         store_cfg.store.root = cfg.data_dir.clone();
         store_cfg.store.store_host = advertised;
         store_cfg.store.ha = cfg.ha_config();
+        store_cfg.store.schedule = cfg.schedule_config();
+        // A delayed message delivered into its queue wakes the pulls held there.
+        let arrivals = Arc::new(Arrivals::default());
+        let woken = arrivals.clone();
+        store_cfg.store.schedule.on_delivered = Some(crate::config::DeliveredHook(Arc::new(
+            move |topic: &str, queue_id: i32| woken.arrived(topic, queue_id),
+        )));
         let config_dir = cfg.data_dir.join("config");
         let topics = Topics::load(&config_dir)?;
         let offsets = Offsets::load(&config_dir)?;
@@ -242,11 +255,13 @@ impl Node {
             topics,
             offsets,
             clients: Clients::default(),
-            arrivals: Arrivals::default(),
             groups,
             locks: groups::QueueLocks::default(),
             client_conns: groups::Connections::default(),
             started_ms: crate::now_ms(),
+            producers: Clients::default(),
+            outboxes: Outboxes::default(),
+            arrivals,
             shutting: AtomicBool::new(false),
             next_queue: AtomicU64::new(0),
             held: Arc::new(AtomicUsize::new(0)),
@@ -288,6 +303,10 @@ impl Node {
         }
         let st = state.clone();
         node.spawn("coremq-housekeeping", move || housekeeping(st))?;
+        if !is_slave {
+            let st = state.clone();
+            node.spawn("coremq-tx-check", move || transaction_check::check_loop(st))?;
+        }
         if !state.cfg.namesrv_addr.is_empty() {
             let st = state.clone();
             node.spawn("coremq-register", move || register::register_loop(st))?;
@@ -470,6 +489,8 @@ fn housekeeping(st: Arc<NodeState>) {
             tracing::error!(error = %e, "cannot write consumer offsets");
         }
         st.clients
+            .expire(Duration::from_millis(st.cfg.client_expiry_ms));
+        st.producers
             .expire(Duration::from_millis(st.cfg.client_expiry_ms));
     }
 }

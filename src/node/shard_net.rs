@@ -213,6 +213,7 @@ async fn accept_loop(
             stop.forget(conn);
             st.clients.connection_closed(conn);
             st.client_conns.closed(conn);
+            st.producers.connection_closed(conn);
             st.open.fetch_sub(1, Ordering::SeqCst);
             open.set(open.get() - 1);
         })
@@ -266,6 +267,18 @@ async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
         }
         let _ = wr.close().await;
     });
+    // Requests the broker starts (check-backs) join the responses; the forwarder ends
+    // when the outbox closes.
+    let outbox = st.outboxes.open(conn);
+    let forward = tx.clone();
+    glommio::spawn_local(async move {
+        while let Ok(frame) = outbox.recv_async().await {
+            if forward.send(frame).await.is_err() {
+                break;
+            }
+        }
+    })
+    .detach();
     let inflight = Rc::new(glommio::sync::Semaphore::new(MAX_IN_FLIGHT));
     tracing::debug!(%peer, conn, "connection open");
     loop {
@@ -309,6 +322,7 @@ async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
         .detach();
     }
     // The writer ends once every held pull of this connection has answered.
+    st.outboxes.close(conn);
     drop(tx);
     drop(rd);
     writer.await;

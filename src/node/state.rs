@@ -345,6 +345,18 @@ impl Clients {
         g.retain(|_, m| !m.is_empty());
     }
 
+    /// The connections the group's clients registered through, sorted.
+    pub fn connections(&self, group: &str) -> Vec<u64> {
+        let g = lock(&self.groups);
+        let mut conns: Vec<u64> = g
+            .get(group)
+            .map(|m| m.values().map(|(c, _)| *c).collect())
+            .unwrap_or_default();
+        conns.sort_unstable();
+        conns.dedup();
+        conns
+    }
+
     /// The group's client ids, sorted (every member must see the same order).
     pub fn members(&self, group: &str) -> Vec<String> {
         let g = lock(&self.groups);
@@ -354,6 +366,39 @@ impl Clients {
             .unwrap_or_default();
         ids.sort();
         ids
+    }
+}
+
+/// Encoded requests the broker sends on its own, waiting per connection.
+const OUTBOX_FRAMES: usize = 256;
+
+/// Each open connection's way out for requests the broker starts
+/// (CHECK_TRANSACTION_STATE): a bounded channel its front end drains into the
+/// connection's writer, so they never interleave with responses.
+#[derive(Default)]
+pub struct Outboxes {
+    boxes: Mutex<HashMap<u64, flume::Sender<Vec<u8>>>>,
+}
+
+impl Outboxes {
+    /// Opens connection `conn`'s outbox; the front end drains the receiver until
+    /// [`Outboxes::close`].
+    pub fn open(&self, conn: u64) -> flume::Receiver<Vec<u8>> {
+        let (tx, rx) = flume::bounded(OUTBOX_FRAMES);
+        lock(&self.boxes).insert(conn, tx);
+        rx
+    }
+
+    pub fn close(&self, conn: u64) {
+        lock(&self.boxes).remove(&conn);
+    }
+
+    /// Queues `frame` for connection `conn`; false when it is closed or its outbox
+    /// is full (a peer that does not read).
+    pub fn send(&self, conn: u64, frame: Vec<u8>) -> bool {
+        lock(&self.boxes)
+            .get(&conn)
+            .is_some_and(|tx| tx.try_send(frame).is_ok())
     }
 }
 

@@ -67,6 +67,7 @@ pub(super) fn accept_loop(st: Arc<NodeState>, listener: TcpListener) {
                 lock(&st2.conns).remove(&id);
                 st2.clients.connection_closed(id);
                 st2.client_conns.closed(id);
+                st2.producers.connection_closed(id);
                 st2.open.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
@@ -129,6 +130,22 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
         return;
     };
     let writer: Writer = Arc::new(Mutex::new(w));
+    // Requests the broker starts (check-backs): a small thread writes them, ending
+    // when the outbox closes.
+    let outbox = st.outboxes.open(id);
+    let w2 = writer.clone();
+    let forwarder = std::thread::Builder::new()
+        .name(format!("coremq-out-{id}"))
+        .spawn(move || {
+            for frame in outbox.iter() {
+                if lock(&w2).write_all(&frame).is_err() {
+                    break;
+                }
+            }
+        });
+    if let Err(e) = forwarder {
+        tracing::error!(error = %e, "cannot start a connection's outbox thread");
+    }
     let mut reader = BufReader::with_capacity(64 << 10, stream);
     tracing::debug!(%peer, conn = id, "connection open");
     loop {
@@ -147,7 +164,7 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
             }
         };
         if req.is_response() {
-            continue; // This side sends no requests yet.
+            continue; // Answers to check-backs (sent one-way) carry nothing.
         }
         match futures_lite::future::block_on(processor::process(st, req, id, peer)) {
             Outcome::Reply(resp) => send_response(&writer, &resp),
@@ -172,6 +189,7 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
             }
         }
     }
+    st.outboxes.close(id);
     // The socket closes when the last clone goes: held pulls of this connection still
     // answer (at shutdown the read side is closed first, then the holds reply).
 }

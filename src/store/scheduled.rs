@@ -40,6 +40,7 @@ pub(super) struct Scheduling {
     own_shard: u32,
     delivered: RefCell<Delivered>,
     services: RefCell<Vec<Service>>,
+    on_delivered: Option<crate::config::DeliveredHook>,
 }
 
 /// `<root>/config/delayOffset.json`.
@@ -73,6 +74,7 @@ impl Scheduling {
             own_shard,
             delivered: RefCell::new(delivered),
             services: RefCell::new(Vec::new()),
+            on_delivered: cfg.schedule.on_delivered.clone(),
         })
     }
 }
@@ -129,6 +131,9 @@ impl Inner {
         if let Some(p) = Position::of_record(r.properties) {
             let end = r.phys_offset as u64 + r.total_size as u64;
             self.sched.delivered.borrow_mut().note(end, p);
+            if let Some(hook) = &self.sched.on_delivered {
+                (hook.0)(r.topic, r.queue_id);
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 //! RocketMQ's `ClientManageProcessor`: `HEART_BEAT` (34, a client names the consumer
-//! groups it belongs to) and `UNREGISTER_CLIENT` (35).
+//! and producer groups it belongs to) and `UNREGISTER_CLIENT` (35). A producer group's
+//! connections are where transaction check-backs go.
 //!
 //! Group membership is kept by the connection that sent the heartbeat: it ends when
 //! that connection closes, the client unregisters, or no heartbeat came for
@@ -30,6 +31,15 @@ pub(super) fn heartbeat(
         .map(str::to_string)
         .collect();
     st.clients.heartbeat(conn, client, &groups);
+    let producers: Vec<String> = v
+        .get("producerDataSet")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("groupName").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect();
+    st.producers.heartbeat(conn, client, &producers);
     Ok(ok(req))
 }
 
@@ -37,6 +47,9 @@ pub(super) fn unregister(st: &NodeState, req: &RemotingCommand) -> Result<Remoti
     let client = field(req, "clientID")?;
     if let Some(g) = req.field("consumerGroup") {
         st.clients.unregister(client, g);
+    }
+    if let Some(g) = req.field("producerGroup") {
+        st.producers.unregister(client, g);
     }
     Ok(ok(req))
 }

@@ -6,6 +6,7 @@
 //! | codes | file | RocketMQ class |
 //! |---|---|---|
 //! | send 10, 310, 320; send back 36 | `send_message.rs` | `SendMessageProcessor` |
+//! | end transaction 37 | `end_transaction.rs` | `EndTransactionProcessor` |
 //! | pull 11, lite pull 361 (long polling) | `pull_message.rs` | `PullMessageProcessor`, `PullRequestHoldService` |
 //! | query by key 12, view by id 33 | `query_message.rs` | `QueryMessageProcessor` |
 //! | create topic 17, offsets 29-32, all topics 21, all consumer offsets 43 | `admin_broker.rs` | `AdminBrokerProcessor` |
@@ -56,6 +57,7 @@ mod admin_group;
 mod admin_store;
 mod client_manage;
 mod consumer_manage;
+mod end_transaction;
 mod namesrv;
 mod pull_message;
 mod query_message;
@@ -183,6 +185,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
             send_message::send(st, &req, peer).await
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
+        END_TRANSACTION => end_transaction::end_transaction(st, &req, peer).await,
         PULL_MESSAGE | LITE_PULL_MESSAGE => {
             // A one-way pull is served (a commit offset it carries is stored) but never
             // answered, held or not.

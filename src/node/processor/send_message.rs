@@ -12,8 +12,12 @@
 //!   `SendMessageProcessor`) is answered with its code, `msgId` and `queueOffset`; any other status is
 //!   refused with RocketMQ's response code and a remark. Only a stored put signals the
 //!   queue's held pulls.
-//! * Sent back: `%RETRY%group` at once (delay levels need scheduled delivery, not
-//!   implemented), `%DLQ%group` once the message failed `maxReconsumeTimes` (16) times.
+//! * A transactional send (sysFlag prepared or `TRAN_MSG` true) stores a half message
+//!   (`crate::transaction::half`), answered with its half-queue offset; refused with
+//!   NO_PERMISSION under `reject_transaction_message`, and in a batch.
+//! * Sent back: `%RETRY%group` after a delay level's wait (`3 + reconsumeTimes`, or the
+//!   level the consumer asks for), `%DLQ%group` once the message failed
+//!   `maxReconsumeTimes` (16) times (see [`send_back`]).
 
 use super::{
     NodeState, Reject, clip, field, local_owner, num, opt_num, reject, store_error, topic_conf,
@@ -22,7 +26,8 @@ use super::{
 use crate::StoreOps;
 use crate::format::msg_id::MessageId;
 use crate::format::properties;
-use crate::message::{Message, PutResult, PutStatus};
+use crate::format::record;
+use crate::message::{IllegalReason, Message, PutResult, PutStatus};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
 use crate::node::state::PERM_WRITE;
@@ -74,6 +79,15 @@ fn put_code(status: PutStatus) -> (i32, Option<String>) {
     match status {
         PutStatus::PutOk => (SUCCESS, None),
         PutStatus::FlushDiskTimeout => (FLUSH_DISK_TIMEOUT, Some("flush disk timeout".into())),
+        PutStatus::MessageIllegal(IllegalReason::TimerDisabled) => (
+            MESSAGE_ILLEGAL,
+            Some(
+                "timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, \
+                 __STARTDELIVERTIME in the future) are not supported by this broker yet \
+                 (timer_enable is off); nothing was stored"
+                    .into(),
+            ),
+        ),
         PutStatus::MessageIllegal(why) => (
             MESSAGE_ILLEGAL,
             Some(format!("the message is illegal: {why:?}")),
@@ -176,7 +190,7 @@ pub(super) async fn send(
     let conf = topic_conf(st, &topic, true)?;
     if conf.perm & PERM_WRITE == 0 {
         return Err(reject(
-            2, // NO_PERMISSION
+            NO_PERMISSION,
             format!("the topic[{topic}] sending message is forbidden"),
         ));
     }
@@ -210,6 +224,17 @@ pub(super) async fn send(
     let flag: i32 = opt_num(&h, "flag")?.unwrap_or(0);
     let reconsume: i32 = opt_num(&h, "reconsumeTimes")?.unwrap_or(0);
     let props = parse_properties(h.field("properties").unwrap_or(""));
+    let transactional = is_transactional(sys_flag, &props);
+    if transactional && st.cfg.reject_transaction_message {
+        return Err(reject(
+            NO_PERMISSION,
+            format!(
+                "the broker[{}] sending transaction message is forbidden \
+                 (reject_transaction_message); nothing was stored",
+                st.cfg.broker_name
+            ),
+        ));
+    }
     let base = |flag: i32, body: Bytes, properties: Vec<(String, String)>| Message {
         topic: topic.clone(),
         queue_id,
@@ -228,10 +253,14 @@ pub(super) async fn send(
         || h.field("batch")
             .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
     let (result, ids, bytes, n) = if batch {
-        let msgs: Vec<Message> = decode_batch(&h.body)?
-            .into_iter()
-            .map(|(f, b, p)| base(f, b, p))
-            .collect();
+        let items = decode_batch(&h.body)?;
+        if transactional || items.iter().any(|(_, _, p)| is_transactional(0, p)) {
+            return Err(reject(
+                MESSAGE_ILLEGAL,
+                "a batch cannot hold transactional (TRAN_MSG) messages; nothing was stored",
+            ));
+        }
+        let msgs: Vec<Message> = items.into_iter().map(|(f, b, p)| base(f, b, p)).collect();
         let n = msgs.len() as u64;
         let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
         let began = std::time::Instant::now();
@@ -255,9 +284,13 @@ pub(super) async fn send(
         (first, ids.join(","), bytes, n)
     } else {
         let bytes = h.body.len() as u64;
-        let msg = base(flag, h.body.clone(), props);
+        let mut msg = base(flag, h.body.clone(), props);
+        if transactional {
+            // A half message waits in the half topic (`crate::transaction`).
+            msg = crate::transaction::half(msg);
+        }
         let began = std::time::Instant::now();
-        let r = match local_owner(&topic, queue_id) {
+        let r = match local_owner(&msg.topic, msg.queue_id) {
             Some(store) => store.put(msg).await,
             None => st.handle.put(msg).await,
         };
@@ -271,7 +304,11 @@ pub(super) async fn send(
     }
     st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
     st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
-    st.arrivals.arrived(&topic, queue_id);
+    if !transactional {
+        st.arrivals.arrived(&topic, queue_id);
+    }
+    // A half message's queueOffset is its place in the half queue
+    // (END_TRANSACTION's tranStateTableOffset), as RocketMQ answers.
     Ok(RemotingCommand::response_to(req, code, remark)
         .with_field("msgId", ids)
         .with_field("queueId", queue_id)
@@ -280,14 +317,28 @@ pub(super) async fn send(
         .with_field("TRACE_ON", "true"))
 }
 
+/// A half message of a transaction: the prepared type in `sysFlag` or `TRAN_MSG`
+/// true (RocketMQ's `SendMessageProcessor` looks at the property).
+fn is_transactional(sys_flag: i32, props: &[(String, String)]) -> bool {
+    sys_flag & record::SYSFLAG_TRANSACTION_MASK == record::SYSFLAG_TRANSACTION_PREPARED
+        || props
+            .iter()
+            .any(|(n, v)| n == properties::TRAN_MSG && v.trim().eq_ignore_ascii_case("true"))
+}
+
 /// Most deliveries before a message goes to the group's dead-letter topic
 /// (RocketMQ's `maxReconsumeTimes` default).
 const MAX_RECONSUME_TIMES: i32 = 16;
 
-/// `CONSUMER_SEND_MSG_BACK`: a consumer failed a message; store it again in the
-/// group's retry topic (`%RETRY%group`), or its dead-letter topic (`%DLQ%group`) once
-/// it failed `maxReconsumeTimes` times. Delay levels are not honoured yet (the retry
-/// is visible at once): scheduled delivery is not implemented.
+/// `CONSUMER_SEND_MSG_BACK`: a consumer failed a message; store it again for a later
+/// try, as RocketMQ's `consumerSendMsgBack` does: into the group's retry topic
+/// (`%RETRY%group`, queue 0) with delay level `delayLevel` when the consumer names one,
+/// else `3 + reconsumeTimes` (10 s, 30 s, 1 min, ... 2 h; the store clamps it to its
+/// last level), so it comes back after that delay (`crate::schedule`); into the
+/// dead-letter topic (`%DLQ%group`, queue 0, at once) once it failed
+/// `maxReconsumeTimes` (16) times or when `delayLevel` is negative. The new record's
+/// reconsume count is the original's plus one; `RETRY_TOPIC` names the first topic,
+/// `ORIGIN_MESSAGE_ID` the first message id.
 pub(super) async fn send_back(
     st: &NodeState,
     req: &RemotingCommand,
@@ -295,6 +346,7 @@ pub(super) async fn send_back(
     let offset: i64 = num(req, "offset")?;
     let group = field(req, "group")?;
     let max_times: i32 = opt_num(req, "maxReconsumeTimes")?.unwrap_or(MAX_RECONSUME_TIMES);
+    let delay_level: i32 = opt_num(req, "delayLevel")?.unwrap_or(0);
     let not_found = || {
         reject(
             SYSTEM_ERROR,
@@ -316,7 +368,8 @@ pub(super) async fn send_back(
         .ok_or_else(not_found)?;
     // Saturating: a stored message may carry any reconsume count (a client sets it).
     let times = m.reconsume_times.saturating_add(1);
-    let topic = if times > max_times {
+    let dead = m.reconsume_times >= max_times || delay_level < 0;
+    let topic = if dead {
         format!("%DLQ%{group}")
     } else {
         format!("%RETRY%{group}")
@@ -344,6 +397,15 @@ pub(super) async fn send_back(
         .or_else(|| m.msg_id.map(|i| i.to_string()))
         .unwrap_or_default();
     set("ORIGIN_MESSAGE_ID", origin, false);
+    // The retry's delay; a dead letter is stored at once (RocketMQ sets `DELAY` 0).
+    let level = if dead {
+        0
+    } else if delay_level > 0 {
+        delay_level
+    } else {
+        times.saturating_add(2)
+    };
+    set(properties::DELAY, level.to_string(), true);
     let msg = Message {
         topic: topic.clone(),
         queue_id: 0,

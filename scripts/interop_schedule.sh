@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Delay levels and consumer retries with the PyPI `rocketmq` client (0.4.4, Apache's C++
+# client; installed as scripts/interop.sh does): starts a coremq node with a short delay
+# table (level n = n seconds) and runs scripts/interop_schedule.py (delayed sends with
+# set_delay_time_level, a push consumer failing a message and seeing it back after the
+# back-off, with growing reconsume times).
+#
+#   scripts/interop_schedule.sh   (COREMQ_BIN=path, COREMQ_NETWORK=threads as interop.sh)
+#
+# Exit 0 when every check passed; 77 when the client cannot be installed (skip).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+work="$(mktemp -d /tmp/coremq-interop.XXXXXX)"
+venv="${INTEROP_VENV:-/tmp/coremq-interop-venv}"
+node_pid=""
+cleanup() {
+    if [[ -n "$node_pid" ]] && kill -0 "$node_pid" 2>/dev/null; then kill -TERM "$node_pid" || true; wait "$node_pid" || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+py="${PYTHON:-python3}"
+if [[ ! -x "$venv/bin/python" ]]; then
+    "$py" -m venv "$venv" || { echo "SKIPPED: cannot create a venv"; exit 77; }
+fi
+if ! "$venv/bin/python" -c 'import rocketmq.client' 2>/dev/null; then
+    "$venv/bin/pip" install -q 'rocketmq==0.4.4' || { echo "SKIPPED: cannot install rocketmq from PyPI"; exit 77; }
+fi
+
+if [[ -z "${COREMQ_BIN:-}" ]]; then
+    (cd "$root" && cargo build -q --features cli)
+    COREMQ_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/coremq"
+fi
+
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
+# COREMQ_NETWORK=threads runs the thread-per-connection front end instead.
+printf 'network = "%s"\nmessage_delay_level = "%s"\n' "${COREMQ_NETWORK:-shards}" \
+    "1s 2s 3s 4s 5s 6s 7s 8s 9s 10s 11s 12s 13s 14s 15s 16s 17s 18s" >"$work/coremq.toml"
+"$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
+    --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
+    >"$work/node.log" 2>&1 &
+node_pid=$!
+for _ in $(seq 100); do
+    grep -q "node serving" "$work/node.log" && break
+    kill -0 "$node_pid" 2>/dev/null || { cat "$work/node.log"; exit 1; }
+    sleep 0.1
+done
+
+status=0
+(cd "$work" && timeout 180 "$venv/bin/python" "$here/interop_schedule.py" "127.0.0.1:$namesrv_port") || status=$?
+
+kill -TERM "$node_pid"; wait "$node_pid" || status=1; node_pid=""
+[[ $status -eq 0 ]] || { echo "--- node log ---"; tail -40 "$work/node.log"; }
+exit $status
