@@ -38,7 +38,9 @@ pub use message::{
     GetResult, GetStatus, IllegalReason, LogOffset, Message, PutResult, PutStatus, QueueOffset,
     StoredMessage,
 };
-pub use shard::{Handle, Route, ShardContext, ShardStatus, ShardedConfig, ShardedStore, StoreOps};
+pub use shard::{
+    Handle, Route, ShardContext, ShardStatus, ShardedConfig, ShardedStore, StoreOps, block_on,
+};
 pub use store::{OpenReport, Store};
 
 /// What a host embedding the sharded store needs in scope: `use coremq::prelude::*;`.
