@@ -155,6 +155,37 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     }
 }
 
+/// For another plain-thread executor (the load generator's): forgets the hint of an
+/// earlier poll; call before polling.
+pub(crate) fn clear_spin_hint() {
+    HINT.with(|h| h.set(None));
+}
+
+/// For another plain-thread executor about to park: when a reply future it polled
+/// since [`clear_spin_hint`] expects its reply soon, spins on this thread until
+/// `woken()` or the hint's budget ends (never on the answering shard's CPU), as
+/// [`block_on`] does. Returns whether `woken()` said so.
+pub(crate) fn spin_before_park(woken: impl Fn() -> bool) -> bool {
+    let Some(h) = HINT.with(|h| h.take()) else {
+        return false;
+    };
+    if h.answer_cpu.is_some() && h.answer_cpu == current_cpu() {
+        return false;
+    }
+    let until = Instant::now() + h.budget;
+    loop {
+        if woken() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        for _ in 0..32 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 /// [`block_on`]'s waker: a flag the thread spins on, and its `Thread` to unpark when
 /// it parked (`unpark` of a thread that is not parked is an atomic swap, no syscall).
 struct Signal {
@@ -264,6 +295,22 @@ mod tests {
             }
             t.join().unwrap();
         }
+    }
+
+    #[test]
+    fn spin_before_park_only_with_a_hint() {
+        REPLY_TIMES.with(|t| t.mean_ns.set(0));
+        clear_spin_hint();
+        assert!(!spin_before_park(|| true), "no reply expected: no spin");
+        let budget = Duration::from_millis(20);
+        expect_reply(budget, None);
+        let t = Instant::now();
+        assert!(spin_before_park(|| t.elapsed() > Duration::from_millis(1)));
+        expect_reply(budget, None);
+        let t = Instant::now();
+        assert!(!spin_before_park(|| false));
+        assert!(t.elapsed() >= budget, "spun for the budget");
+        assert!(!spin_before_park(|| true), "the hint is used once");
     }
 
     #[test]
