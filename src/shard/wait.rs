@@ -2,12 +2,12 @@
 //! (coremq's; RocketMQ calls its store in place). Issue 21 and 22's scheme:
 //!
 //! * **A wake-up is the expensive part of a hop.** On the machine this was measured on
-//!   (2 vCPUs of a nested VM whose idle CPUs halt), waking a thread parked on another
-//!   CPU costs ~15-30 us of latency and 30-50 us of CPU (a bare futex ping-pong
-//!   between two CPUs: p50 34 us a round trip; two threads spinning on a flag: 0.4
-//!   us). So each side of a hop stays awake while the other side is expected soon,
-//!   and parks at once when it is not: CPU spent spinning never exceeds what the
-//!   parks it replaces would cost.
+//!   (2 vCPUs of a nested VM whose idle CPUs halt), a round trip between a plain thread
+//!   and a parked glommio executor took 19-47 us at p50, two threads spinning on a flag
+//!   0.1-0.4 us (`cargo bench --bench routing`'s baselines, docs/performance/shard.md).
+//!   So each side of a hop stays awake while the other side is expected soon, and
+//!   parks at once when it is not: a spin is bounded by the budget the wake it
+//!   replaces would roughly cost.
 //! * **The shard's side** ([`note_arrival`]): when requests arrive closer together than
 //!   the shard's awake window (`ShardedConfig::awake_window`), the shard keeps its
 //!   executor awake for one window after each ([`glommio`]'s `stay_awake_until`,
