@@ -16,7 +16,6 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -58,8 +57,6 @@ pub struct OffsetWatch {
     /// Every pending [`WaitFor`].
     waiters: RefCell<Vec<Waiter>>,
     next_id: Cell<u64>,
-    /// Notified when a wait with a deadline starts ([`OffsetWatch::on_deadline`]).
-    deadline_started: RefCell<Option<Rc<Notify>>>,
 }
 
 struct Waiter {
@@ -135,17 +132,6 @@ impl OffsetWatch {
         })
     }
 
-    /// Whether a pending wait has a deadline.
-    pub fn has_deadlines(&self) -> bool {
-        self.waiters.borrow().iter().any(|w| w.deadline.is_some())
-    }
-
-    /// `notify` is notified whenever a wait with a deadline starts: the owner's
-    /// ticker sleeps on it while no wait has one.
-    pub fn on_deadline(&self, notify: Rc<Notify>) {
-        *self.deadline_started.borrow_mut() = Some(notify);
-    }
-
     /// Wakes every waiter whose deadline is at or before `now`.
     pub fn expire(&self, now: Instant) {
         self.wake_where(|w| w.deadline.is_some_and(|d| d <= now));
@@ -198,12 +184,6 @@ impl Future for WaitFor<'_> {
             deadline: self.deadline,
         });
         self.id = Some(id);
-        drop(ws);
-        if self.deadline.is_some()
-            && let Some(n) = &*watch.deadline_started.borrow()
-        {
-            n.notify();
-        }
         Poll::Pending
     }
 }

@@ -17,9 +17,7 @@
 //! Decisions:
 //! * One ticker task per store expires the three watches every tick (an eighth of the
 //!   timeout, 1-20 ms), instead of a timer per put (a glommio timer per sync put was
-//!   ~4% of a shard's CPU). While no wait with a deadline is pending it
-//!   sleeps until one starts (the watches notify it, [`OffsetWatch::on_deadline`]),
-//!   so an idle store's shard does not wake 50 times a second for nothing (issue 22). It is its own task, not the writer's loop: the writer
+//!   ~4% of a shard's CPU). It is its own task, not the writer's loop: the writer
 //!   awaits the disk (a segment creation, a sync round on the simulated disk or with
 //!   `RingWriteFdatasync`), and while it does, a tick there would never come.
 //! * The bound is the same in async mode: RocketMQ's `osPageCacheBusyTimeOutMills`
@@ -29,8 +27,8 @@
 //!   stalled `fsync` there would stop the ticker and every put with it.
 
 use super::{Inner, State};
-use crate::wake::{Notify, OffsetWatch};
-use std::rc::{Rc, Weak};
+use crate::wake::OffsetWatch;
+use std::rc::Weak;
 use std::time::{Duration, Instant};
 
 /// How often the ticker expires waits: an eighth of the timeout, within 1-20 ms.
@@ -39,21 +37,10 @@ pub(super) fn tick(timeout: Duration) -> Duration {
 }
 
 /// The ticker task: until the store is stopped or gone (it holds no strong
-/// reference, so it never keeps a dropped store alive). Ticks while a wait has a
-/// deadline; otherwise sleeps until `started` says one began (or a second passed: a
-/// dropped store's ticker ends then).
-pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration, started: Rc<Notify>) {
-    let mut ticking = true;
+/// reference, so it never keeps a dropped store alive).
+pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration) {
     loop {
-        if ticking {
-            glommio::timer::sleep(tick).await;
-        } else {
-            futures_lite::future::or(
-                started.wait(),
-                glommio::timer::sleep(Duration::from_secs(1)),
-            )
-            .await;
-        }
+        glommio::timer::sleep(tick).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
@@ -66,7 +53,6 @@ pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration, started: Rc<N
         for w in watches {
             w.expire(now);
         }
-        ticking = watches.iter().any(|w| w.has_deadlines());
     }
 }
 

@@ -271,11 +271,7 @@ impl Inner {
         // Not among `tasks`: it times puts out until the store is stopped or gone,
         // during a shutdown too.
         let tick = deadlines::tick(self.cfg.sync_flush_timeout);
-        let started = Rc::new(crate::wake::Notify::default());
-        for w in [&self.dispatched, &self.log.committed, &self.log.flushed] {
-            w.on_deadline(started.clone());
-        }
-        let ticker = deadlines::run_ticker(Rc::downgrade(self), tick, started);
+        let ticker = deadlines::run_ticker(Rc::downgrade(self), tick);
         glommio::spawn_local_into(ticker, tq("put-deadlines", 1000))
             .map_err(|e| Error::Config(format!("cannot spawn put-deadlines: {e}")))?
             .detach();
