@@ -4,10 +4,18 @@
 //! from the other shard, and from an outside thread. Each with and without glommio's
 //! `spin_before_park`.
 //!
+//! Each run starts with the baselines of the same run: bare cross-thread round trips
+//! (two plain threads through `thread::park`/`unpark`, i.e. a futex; two threads
+//! spinning on a flag; a plain thread and a glommio executor on CPU 0 and on CPU 1
+//! through flume channels, i.e. glommio's foreign wake), so that figures from a noisy
+//! machine are read as ratios to them (docs/performance/shard.md).
+//!
 //! `cargo bench --bench routing` for full counts; `cargo test --benches` runs it tiny.
 
+use coremq::block_on;
 use coremq::{Message, ShardedConfig, ShardedStore, StoreConfig, StoreOps};
-use futures_lite::future::block_on;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -20,10 +28,166 @@ fn report(name: &str, mut samples: Vec<Duration>) {
     let p50 = percentile(&mut samples, 0.50);
     let p99 = percentile(&mut samples, 0.99);
     println!(
-        "{name:<44} n={n:<7} p50={:>7.1}us p99={:>7.1}us",
+        "{name:<56} n={n:<7} p50={:>7.1}us p99={:>7.1}us",
         p50.as_secs_f64() * 1e6,
         p99.as_secs_f64() * 1e6
     );
+}
+
+/// Round trips between two plain threads: `park`/`unpark` (futex) or spinning.
+fn bare_threads(rounds: usize, spin: bool) -> Vec<Duration> {
+    let turn = Arc::new(AtomicU64::new(0));
+    let main = std::thread::current();
+    let t2 = turn.clone();
+    let peer = std::thread::spawn(move || {
+        for i in 0..rounds as u64 {
+            while t2.load(Ordering::Acquire) != 2 * i + 1 {
+                if spin {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::park();
+                }
+            }
+            t2.store(2 * i + 2, Ordering::Release);
+            main.unpark();
+        }
+    });
+    let peer_thread = peer.thread().clone();
+    let mut v = Vec::with_capacity(rounds);
+    for i in 0..rounds as u64 {
+        let t = Instant::now();
+        turn.store(2 * i + 1, Ordering::Release);
+        peer_thread.unpark();
+        while turn.load(Ordering::Acquire) != 2 * i + 2 {
+            if spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park();
+            }
+        }
+        v.push(t.elapsed());
+    }
+    peer.join().unwrap();
+    v
+}
+
+/// Round trips from this thread to a task on a glommio executor pinned to `cpu`,
+/// through flume channels (a parked executor is woken by glommio's foreign wake).
+fn bare_glommio(rounds: usize, cpu: usize) -> Vec<Duration> {
+    let (to_tx, to_rx) = flume::bounded::<u64>(1);
+    let (back_tx, back_rx) = flume::bounded::<u64>(1);
+    let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(cpu))
+        .spawn(move || async move {
+            while let Ok(v) = to_rx.recv_async().await {
+                if back_tx.send_async(v).await.is_err() {
+                    break;
+                }
+            }
+        })
+        .unwrap();
+    let v = (0..rounds as u64)
+        .map(|i| {
+            let t = Instant::now();
+            to_tx.send(i).unwrap();
+            assert_eq!(futures_lite::future::block_on(back_rx.recv_async()), Ok(i));
+            t.elapsed()
+        })
+        .collect();
+    drop(to_tx);
+    ex.join().unwrap();
+    v
+}
+
+fn baselines(rounds: usize) {
+    report(
+        "bare: thread park/unpark round trip",
+        bare_threads(rounds, false),
+    );
+    report(
+        "bare: two spinning threads round trip",
+        bare_threads(rounds, true),
+    );
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for cpu in 0..cpus.min(2) {
+        report(
+            &format!("bare: glommio executor on CPU {cpu} round trip"),
+            bare_glommio(rounds, cpu),
+        );
+    }
+}
+
+/// CPU time of this process so far (user + system), from `getrusage`.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes one `rusage` into the zeroed struct.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// CPU time of the calling thread so far.
+fn thread_cpu() -> Duration {
+    // SAFETY: clock_gettime writes one timespec.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+        ts
+    };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// What an idle two-shard store costs (share of one core over `secs`), then the
+/// store's CPU per put (and the caller's inside `put`) at fixed low rates from one
+/// outside thread, one at a time.
+fn cpu_at_low_load(secs: u64, rates: &[u64]) {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let mut cfg = ShardedConfig::new(dir.path());
+    cfg.shards = 2;
+    cfg.store = StoreConfig::new(dir.path());
+    cfg.store.commit_log_segment_bytes = 256 << 20;
+    let store = ShardedStore::open(cfg).unwrap();
+    let h = store.handle();
+    std::thread::sleep(Duration::from_millis(500));
+    let (c0, t0) = (process_cpu(), Instant::now());
+    std::thread::sleep(Duration::from_secs(secs));
+    let cpu = (process_cpu() - c0).as_secs_f64() / t0.elapsed().as_secs_f64();
+    println!(
+        "{:<56} {:>7.2}% of a core over {secs} s",
+        "idle store (2 shards)",
+        cpu * 100.0
+    );
+    let body = bytes::Bytes::from(vec![7u8; 1024]);
+    for &rate in rates {
+        let n = rate * secs;
+        let (c0, m0, t0) = (process_cpu(), thread_cpu(), Instant::now());
+        let mut in_put = Duration::ZERO;
+        for i in 0..n {
+            let due = t0 + Duration::from_nanos(i * 1_000_000_000 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let p = thread_cpu();
+            let r = block_on(h.put(Message::new("R", (i % 8) as i32, body.clone())));
+            in_put += thread_cpu() - p;
+            assert!(r.status.is_stored());
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        // The store's threads: the process less this thread (whose pacing sleeps are
+        // the bench's, not the store's); the caller's share: its CPU inside `put`.
+        let store_cpu = ((process_cpu() - c0) - (thread_cpu() - m0)).as_secs_f64();
+        let caller = in_put.as_secs_f64();
+        println!(
+            "{:<56} store {:>6.2}% of a core, {:>6.1} us CPU per put (+ caller {:>5.1} us)",
+            format!("outside thread puts at {rate}/s ({n} puts)"),
+            store_cpu / wall * 100.0,
+            store_cpu / n as f64 * 1e6,
+            caller / n as f64 * 1e6
+        );
+    }
+    store.shutdown().unwrap();
 }
 
 fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
@@ -80,25 +244,33 @@ fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
         }))
         .unwrap();
         println!(
-            "{:<44} {:>10.0} puts/s (one task, 1 KiB, async)",
+            "{:<56} {:>10.0} puts/s (one task, 1 KiB, async)",
             format!("{what} ({label})"),
             puts as f64 / secs
         );
     }
     for (shard, q) in [(0, q0), (1, q1)] {
-        let t = Instant::now();
-        for _ in 0..puts {
-            assert!(
-                block_on(h.put(Message::new("R", q, body.clone())))
-                    .status
-                    .is_stored()
+        for (how, plain) in [("", false), (", futures_lite block_on", true)] {
+            let mut lat = Vec::with_capacity(puts);
+            let t = Instant::now();
+            for _ in 0..puts {
+                let p = Instant::now();
+                let put = h.put(Message::new("R", q, body.clone()));
+                let r = if plain {
+                    futures_lite::future::block_on(put)
+                } else {
+                    block_on(put)
+                };
+                assert!(r.status.is_stored());
+                lat.push(p.elapsed());
+            }
+            let rate = puts as f64 / t.elapsed().as_secs_f64();
+            report(
+                &format!("outside thread put to shard {shard} ({label}{how})"),
+                lat,
             );
+            println!("{:<56} {rate:>10.0} puts/s (one thread, 1 KiB, async)", "");
         }
-        println!(
-            "{:<44} {:>10.0} puts/s (one thread, 1 KiB, async)",
-            format!("outside thread put to shard {shard} ({label})"),
-            puts as f64 / t.elapsed().as_secs_f64()
-        );
     }
     let samples = (0..rounds)
         .map(|_| {
@@ -117,6 +289,12 @@ fn run(spin: Option<Duration>, rounds: usize, puts: usize) {
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let (rounds, puts) = if full { (20_000, 100_000) } else { (200, 500) };
+    baselines(rounds);
+    if full {
+        cpu_at_low_load(10, &[1_000, 10_000]);
+    } else {
+        cpu_at_low_load(1, &[1_000]);
+    }
     run(None, rounds, puts);
     run(Some(Duration::from_micros(50)), rounds, puts);
 }

@@ -47,6 +47,7 @@ pub use message::{
 };
 pub use shard::{
     Handle, Route, ShardContext, ShardStatus, ShardedConfig, ShardedStore, StatsReport, StoreOps,
+    block_on,
 };
 pub use stats::StoreStats;
 pub use store::{OpenReport, Store};

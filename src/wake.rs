@@ -11,7 +11,7 @@
 //! Nothing here is `Send`: a shard's state is only ever touched by its own thread.
 //! (An executor heartbeat thread lived here while glommio 0.9.0 could park with
 //! runnable tasks; the vendored glommio fixes that at its source and bounds every park
-//! to 10 ms: `vendor/glommio/COREMQ-PATCHES.md`.)
+//! to `MAX_PARK` (100 ms): `vendor/glommio/COREMQ-PATCHES.md`.)
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;

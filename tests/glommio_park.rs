@@ -153,3 +153,54 @@ fn many_foreign_wakes_of_a_task_that_does_not_run() {
         }
     });
 }
+
+/// `(g)`: an executor told to `stay_awake_until` a deadline does not sleep while it
+/// waits for a wake from another thread before then; without the deadline it does.
+/// (Without the patch's check in `run`'s spin loop the first phase sleeps once per
+/// wait: the assertion below fails.)
+#[test]
+fn stay_awake_until_keeps_the_executor_from_sleeping() {
+    const WAITS: u64 = 20;
+    watched("awake-test", |progress| {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("make executor");
+        let (tx, rx) = flume::bounded::<u64>(1);
+        let sender = std::thread::spawn(move || {
+            for i in 0..2 * WAITS {
+                std::thread::sleep(Duration::from_millis(2));
+                tx.send(i).expect("executor gone");
+            }
+        });
+        let (awake, parked) = ex.run(async {
+            let mut phases = [0u64; 2];
+            for (phase, slept) in phases.iter_mut().enumerate() {
+                if phase == 1 {
+                    // Past the last deadline of phase 0.
+                    glommio::timer::sleep(Duration::from_millis(30)).await;
+                }
+                let before = voluntary_switches();
+                for _ in 0..WAITS {
+                    if phase == 0 {
+                        glommio::executor()
+                            .stay_awake_until(Instant::now() + Duration::from_millis(20));
+                    }
+                    rx.recv_async().await.expect("sender gone");
+                }
+                *slept = voluntary_switches() - before;
+            }
+            (phases[0], phases[1])
+        });
+        sender.join().expect("sender");
+        progress.send(()).expect("watchdog gone");
+        // Awake: no sleep at all is expected; a few for noise (a page fault's I/O).
+        assert!(
+            awake <= WAITS / 4,
+            "slept {awake} times in {WAITS} waits while told to stay awake"
+        );
+        assert!(
+            parked >= WAITS / 2,
+            "slept only {parked} times in {WAITS} 2 ms waits without a deadline"
+        );
+    });
+}

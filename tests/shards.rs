@@ -314,3 +314,74 @@ fn an_io_error_stops_only_that_shard() {
         "shutdown reports shard 1's failure"
     );
 }
+
+/// Placement: `cpus` pins shard `i` to `cpus[i]` (here in reverse order, so the
+/// default `i`-th CPU would fail the check); a CPU the process may not use is a
+/// config error at open.
+#[test]
+fn shards_run_on_the_cpus_named() {
+    let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| {
+            // SAFETY: sched_getaffinity writes one cpu_set_t into the zeroed set.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+                    && libc::CPU_ISSET(c, &set)
+            }
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 2);
+    cfg.cpus = Some(vec![*allowed.last().unwrap(), allowed[0]]);
+    let want = cfg.cpus.clone().unwrap();
+    let store = ShardedStore::open(cfg.clone()).unwrap();
+    let h = store.handle();
+    for (shard, cpu) in want.iter().enumerate() {
+        // SAFETY: no arguments.
+        let on = block_on(h.run_on(shard, |_| async { unsafe { libc::sched_getcpu() } }));
+        assert_eq!(on.unwrap(), *cpu as i32, "shard {shard}");
+    }
+    store.shutdown().unwrap();
+
+    let mut bad = cfg;
+    bad.cpus = Some(vec![allowed[0], libc::CPU_SETSIZE as usize - 1]);
+    match ShardedStore::open(bad) {
+        Err(Error::Config(msg)) => assert!(msg.contains("cpus"), "{msg}"),
+        other => panic!("a CPU outside the affinity mask opened: {:?}", other.err()),
+    }
+}
+
+/// coremq's `block_on` (the caller spins briefly for a reply expected soon) with and
+/// without a reply spin, and shard-to-shard requests with the shards' awake window:
+/// every put answered once, in order, readable afterwards.
+#[test]
+fn puts_with_and_without_spinning_on_either_side() {
+    for (spin_us, window_us) in [(0, 0), (50, 50), (2_000, 2_000)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path(), 2);
+        cfg.reply_spin = std::time::Duration::from_micros(spin_us);
+        cfg.awake_window = std::time::Duration::from_micros(window_us);
+        let store = ShardedStore::open(cfg).unwrap();
+        let h = store.handle();
+        for i in 0..300 {
+            let r = coremq::block_on(h.put(message("Orders", (i % QUEUES as u64) as i32, i)));
+            assert_eq!(r.status, PutStatus::PutOk);
+        }
+        // From shard 0 to every queue: half of them owned by shard 1.
+        let n = block_on(h.run_on(0, |ctx| async move {
+            let mut n = 0;
+            for i in 300..600u64 {
+                let r = ctx
+                    .put(message("Orders", (i % QUEUES as u64) as i32, i))
+                    .await;
+                n += usize::from(r.status == PutStatus::PutOk);
+            }
+            n
+        }))
+        .unwrap();
+        assert_eq!(n, 300);
+        let total: usize = (0..QUEUES).map(|q| read_queue(&h, "Orders", q).len()).sum();
+        assert_eq!(total, 600, "spin {spin_us} us, window {window_us} us");
+        store.shutdown().unwrap();
+    }
+}

@@ -6,12 +6,19 @@
 //! transport under them, and the only code that knows it: [`Route::run_at`] sends a
 //! request, [`serve`] is the shard's end.
 //!
-//! * **Transport.** Each shard reads a bounded flume channel (glommio's own dependency
-//!   for cross-thread channels; glommio wakes the parked executor through its eventfd).
-//!   A request is one boxed job holding the operation's closure, its owned arguments
-//!   and the reply sender; on the shard it starts the work as a task, so a slow request
-//!   does not hold up the next. The reply comes back on a one-slot flume channel. A
-//!   full channel makes senders wait (`ShardedConfig::channel_capacity`).
+//! * **Transport.** Each shard reads a bounded flume channel (its inbox): a request
+//!   is one boxed job holding the operation's closure, its owned arguments and the
+//!   reply's sending end; on the shard it starts the work as a task, so a slow
+//!   request does not hold up the next. The shard drains its inbox in batches (one
+//!   wake of its serving task for everything queued meanwhile). A sender wakes the
+//!   shard's executor only when it is parked (glommio's foreign waker writes its
+//!   eventfd only then). The reply comes back in a one-shot slot (`reply.rs`). A
+//!   full inbox makes senders wait (`ShardedConfig::channel_capacity`).
+//! * **Waking.** Each side of a hop stays awake while the other is expected soon and
+//!   parks otherwise (`wait.rs`): the shard for one awake window after requests that
+//!   came close together, the caller for its reply-spin budget when replies have been
+//!   coming back that fast (a shard through glommio's `stay_awake_until`, a plain
+//!   thread in [`block_on`](super::block_on)).
 //! * **Failure isolation.** A shard whose thread is gone (shut down, or its executor
 //!   died with a panicking task) is marked dead; requests to it fail at once with
 //!   [`Error::ShardUnavailable`] and the other shards go on. A request queued when the
@@ -20,12 +27,17 @@
 
 use super::ops::Route;
 use super::ownership::Ownership;
+use super::reply::{self, ReplyReceiver};
+use super::wait;
 use crate::error::{Error, Result};
 use crate::store::Store;
 use std::borrow::Borrow;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// Called on the shard's thread with its store; starts the request there as a task.
 type Job = Box<dyn FnOnce(&Store) + Send>;
@@ -45,6 +57,11 @@ pub(super) struct Shared {
     ownership: Ownership,
     /// Cleared when a shard's thread ends (even by a panic), see `sharded_store::Alive`.
     pub(super) alive: Vec<AtomicBool>,
+    /// The CPU each shard's executor last ran on (`usize::MAX`: not known yet), so a
+    /// caller never spins on the CPU its answer must be computed on.
+    cpus: Vec<AtomicUsize>,
+    /// `ShardedConfig::reply_spin`.
+    reply_spin: Duration,
     closed: AtomicBool,
 }
 
@@ -60,17 +77,21 @@ pub struct Handle {
 
 impl Handle {
     /// A handle to `shards` shards whose channels hold `capacity` requests each, and the
-    /// shards' ends of those channels.
+    /// shards' ends of those channels. Callers spin up to `reply_spin` for a reply
+    /// expected soon (`wait.rs`).
     pub(super) fn new(
         shards: usize,
         capacity: usize,
         ownership: Ownership,
+        reply_spin: Duration,
     ) -> (Handle, Vec<Inbox>) {
         let (senders, inboxes) = (0..shards).map(|_| flume::bounded(capacity)).unzip();
         let shared = Shared {
             senders,
             ownership,
             alive: (0..shards).map(|_| AtomicBool::new(true)).collect(),
+            cpus: (0..shards).map(|_| AtomicUsize::new(usize::MAX)).collect(),
+            reply_spin,
             closed: AtomicBool::new(false),
         };
         let handle = Handle {
@@ -152,46 +173,83 @@ impl Route for Handle {
             if !self.shared.alive[shard].load(Ordering::SeqCst) {
                 return Err(gone(shard));
             }
-            let (reply, answer) = flume::bounded(1);
+            let (reply, answer) = reply::channel();
             let job: Job = Box::new(move |store: &Store| {
                 let store = store.clone();
                 let task = async move {
-                    // A dropped reply means the caller gave up; nothing to do then.
-                    let _ = reply.send(f(&store, args.borrow()).await);
+                    // A caller that gave up dropped its end; the value goes with it.
+                    reply.send(f(&store, args.borrow()).await);
                 };
                 glommio::spawn_local(task).detach();
             });
             tx.send_async(Request::Job(job))
                 .await
                 .map_err(|_| gone(shard))?;
-            reply_from(&answer, shard).await
+            let cpu = self.shared.cpus[shard].load(Ordering::Relaxed);
+            let answer = Awaiting {
+                answer,
+                since_ns: None,
+                spin: self.shared.reply_spin,
+                answer_cpu: (cpu != usize::MAX).then_some(cpu),
+            };
+            answer.await.ok_or_else(|| gone(shard))
         }
     }
 }
 
-/// The shard's end: runs each job as it arrives until asked to shut down.
-pub(super) async fn serve(inbox: &Inbox, store: Store) {
-    while let Ok(req) = inbox.recv_async().await {
-        match req {
-            Request::Job(job) => job(&store),
-            Request::Shutdown(reply) => {
-                let _ = reply.send(store.clone().shutdown().await);
-                return;
+/// A caller waiting for its reply: tells `wait` how long it may spin first, and
+/// records how long the reply took (`wait.rs`). `None`: the shard dropped the
+/// request (its thread is gone).
+struct Awaiting<T> {
+    answer: ReplyReceiver<T>,
+    /// When it first went pending (`wait::now_ns`).
+    since_ns: Option<u64>,
+    spin: Duration,
+    answer_cpu: Option<usize>,
+}
+
+impl<T> Future for Awaiting<T> {
+    type Output = Option<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        match Pin::new(&mut self.answer).poll(cx) {
+            Poll::Ready(v) => {
+                if let Some(since) = self.since_ns {
+                    wait::reply_took(since, self.answer.sent_at_ns());
+                }
+                Poll::Ready(v)
+            }
+            Poll::Pending => {
+                if self.since_ns.is_none() {
+                    self.since_ns = Some(wait::now_ns());
+                }
+                wait::expect_reply(self.spin, self.answer_cpu);
+                Poll::Pending
             }
         }
     }
 }
 
-/// Waits for a shard's reply. flume 0.10's `recv_async` can answer `Disconnected`
-/// while the reply sits in the channel, when the sender sends and drops between two
-/// of its checks (zesterer/flume#120, fixed in flume 0.11): a request that was served
-/// looked like a dead shard (found by tests/crash_loop.rs, a `query_by_key` failing
-/// with "shard 1 is unavailable" while every shard was up). coremq now uses flume
-/// 0.11; the second look stays as a cheap guard before calling the shard gone.
-async fn reply_from<T>(rx: &flume::Receiver<T>, shard: usize) -> Result<T> {
-    match rx.recv_async().await {
-        Ok(v) => Ok(v),
-        Err(_) => rx.try_recv().map_err(|_| gone(shard)),
+/// The shard's end: runs each job as it arrives until asked to shut down. Each wake
+/// of this task takes everything queued meanwhile (one batch), notes the arrival for
+/// the awake window and where this executor runs (`wait.rs`).
+pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: Store) {
+    let cpu = &handle.shared.cpus[shard];
+    while let Ok(first) = inbox.recv_async().await {
+        wait::note_arrival();
+        if let Some(now) = wait::current_cpu() {
+            cpu.store(now, Ordering::Relaxed);
+        }
+        let mut next = Some(first);
+        while let Some(req) = next.take().or_else(|| inbox.try_recv().ok()) {
+            match req {
+                Request::Job(job) => job(&store),
+                Request::Shutdown(reply) => {
+                    let _ = reply.send(store.clone().shutdown().await);
+                    return;
+                }
+            }
+        }
     }
 }
 

@@ -15,6 +15,9 @@
 //!   written once over any `Route`.
 //! * `handle`: [`Handle`], the `Send + Sync + Clone` route from any thread, and the
 //!   transport under it.
+//! * `reply`: the one-shot slot a request's reply comes back in.
+//! * `wait`: who spins and who parks on each side of a hop (the awake window, the
+//!   reply spin, [`block_on`]).
 //! * `context`: [`ShardContext`], the route of code running on a shard
 //!   ([`Handle::run_on`]): the local store in place, other shards through the handle.
 //!
@@ -25,12 +28,15 @@ mod handle;
 mod meta;
 mod ops;
 mod ownership;
+mod reply;
 mod sharded_store;
 pub mod stall;
+pub(crate) mod wait;
 
 pub use context::ShardContext;
 pub use handle::Handle;
 pub use meta::META_FORMAT_VERSION;
 pub use ops::{Route, ShardStatus, StatsReport, StoreOps};
 pub use ownership::{MAX_SHARDS, Ownership, SHARD_SHIFT, shard_of, shard_of_offset};
-pub use sharded_store::{ShardedConfig, ShardedStore};
+pub use sharded_store::{DEFAULT_AWAKE_WINDOW, DEFAULT_REPLY_SPIN, ShardedConfig, ShardedStore};
+pub use wait::block_on;

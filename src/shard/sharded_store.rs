@@ -15,9 +15,15 @@
 //!   every put with `ServiceNotAvailable` and reports its failure in `shard_status`; a
 //!   shard whose thread dies (a panicking task takes its executor down) is marked dead
 //!   by [`Alive`] and refused at once. The other shards go on either way.
-//! * **Spinning** (`spin_before_park`) is off by default: 50 us of spinning cut a
-//!   cross-executor round trip from ~64 us to ~6 us, but it slowed fdatasync, whose
-//!   completion work runs on the executor's CPU (docs/performance/shard.md).
+//! * **Spinning.** glommio's fixed `spin_before_park` is off by default: 50 us of
+//!   spinning at every park cut a cross-executor round trip from ~64 us to ~6 us, but
+//!   it slowed fdatasync, whose completion work runs on the executor's CPU
+//!   (docs/performance/shard.md), and it burns CPU while idle. Instead a shard stays
+//!   awake only while requests arrive close together (`awake_window`) or while it
+//!   waits for another shard's reply that is expected soon (`reply_spin`):
+//!   `wait.rs`.
+//! * **Placement** (`pin`, `cpus`): shard `i` runs on `cpus[i]` (default: the `i`-th
+//!   CPU this process may use), or wherever the kernel puts it (`pin = false`).
 
 use super::handle::{self, Handle, Inbox};
 use super::meta::read_or_create_meta;
@@ -32,13 +38,33 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// Default [`ShardedConfig::awake_window`] (README "Measured": how it was chosen).
+pub const DEFAULT_AWAKE_WINDOW: Duration = Duration::from_micros(50);
+/// Default [`ShardedConfig::reply_spin`].
+pub const DEFAULT_REPLY_SPIN: Duration = Duration::from_micros(50);
+
 #[derive(Debug, Clone)]
 pub struct ShardedConfig {
     pub root: PathBuf,
     /// Number of shards (executors); defaults to the CPUs this process may use.
     pub shards: usize,
-    /// Pin shard `i` to CPU `i` (when that CPU exists).
+    /// Pin each shard's executor to one CPU (see `cpus`); `false`: the kernel places
+    /// them.
     pub pin: bool,
+    /// With `pin`: shard `i` runs on CPU `cpus[i]`. `None` (default): the `i`-th CPU
+    /// this process may use (shards beyond them are not pinned). Which CPU takes the
+    /// disk's interrupts is a fact of the machine: README "Measured" has what it did
+    /// to the shard placed there.
+    pub cpus: Option<Vec<usize>>,
+    /// After requests that arrived closer together than this, a shard keeps its
+    /// executor awake (polling, not parked) for this long, so the next request finds
+    /// it awake; zero: always park when idle. `wait.rs`.
+    pub awake_window: Duration,
+    /// A caller (a plain thread in [`block_on`](super::block_on), or a shard waiting
+    /// for another shard) spins up to this long for a reply before parking, while
+    /// replies have been coming back within it; never on the answering shard's CPU.
+    /// Zero: always park. `wait.rs`.
+    pub reply_spin: Duration,
     /// Template for every shard's store (root and base offset are set per shard).
     pub store: StoreConfig,
     /// Requests that may wait in a shard's queue before senders wait.
@@ -63,6 +89,9 @@ impl ShardedConfig {
                 .map(|n| n.get())
                 .unwrap_or(1),
             pin: true,
+            cpus: None,
+            awake_window: DEFAULT_AWAKE_WINDOW,
+            reply_spin: DEFAULT_REPLY_SPIN,
             store: StoreConfig::new(&root),
             root,
             channel_capacity: 4096,
@@ -90,14 +119,39 @@ impl ShardedConfig {
         if self.channel_capacity == 0 {
             return Err(Error::Config("channel_capacity must be positive".into()));
         }
+        if let Some(list) = &self.cpus {
+            let allowed = crate::shard::wait::allowed_cpus();
+            if list.len() < self.shards {
+                return Err(Error::Config(format!(
+                    "cpus names {} CPUs for {} shards",
+                    list.len(),
+                    self.shards
+                )));
+            }
+            if let Some(c) = list.iter().find(|c| !allowed.contains(c)) {
+                return Err(Error::Config(format!(
+                    "cpus: CPU {c} is not one this process may run on ({allowed:?})"
+                )));
+            }
+        }
         (0..self.shards).try_for_each(|i| self.shard_config(i).validate())
     }
 
-    fn executor(&self, i: usize, cpus: usize) -> glommio::LocalExecutorBuilder {
-        let placement = if self.pin && i < cpus {
-            glommio::Placement::Fixed(i)
-        } else {
-            glommio::Placement::Unbound
+    /// The CPU shard `i` is pinned to, if any.
+    fn cpu_of(&self, i: usize) -> Option<usize> {
+        if !self.pin {
+            return None;
+        }
+        match &self.cpus {
+            Some(list) => list.get(i).copied(),
+            None => crate::shard::wait::allowed_cpus().get(i).copied(),
+        }
+    }
+
+    fn executor(&self, i: usize) -> glommio::LocalExecutorBuilder {
+        let placement = match self.cpu_of(i) {
+            Some(cpu) => glommio::Placement::Fixed(cpu),
+            None => glommio::Placement::Unbound,
         };
         let mut builder = glommio::LocalExecutorBuilder::new(placement)
             .name(&format!("coremq-shard-{i}"))
@@ -133,10 +187,8 @@ impl ShardedStore {
         crate::io::Disk::Real.create_dir_all(&cfg.root)?;
         let lock = crate::io::lock_root(&cfg.root)?;
         let ownership = read_or_create_meta(&cfg.root, cfg.shards)?;
-        let (handle, inboxes) = Handle::new(cfg.shards, cfg.channel_capacity, ownership);
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let (handle, inboxes) =
+            Handle::new(cfg.shards, cfg.channel_capacity, ownership, cfg.reply_spin);
         let beats = cfg.stall_threshold.map(|t| Beats::new(cfg.shards, t));
         let mut threads = Vec::new();
         let mut ready = Vec::new();
@@ -145,9 +197,10 @@ impl ShardedStore {
             let store_cfg = cfg.shard_config(i);
             let h = handle.clone();
             let b = beats.clone();
+            let window = cfg.awake_window;
             let spawned = cfg
-                .executor(i, cpus)
-                .spawn(move || shard_main(i, store_cfg, inbox, h, ready_tx, b));
+                .executor(i)
+                .spawn(move || shard_main(i, store_cfg, inbox, h, window, ready_tx, b));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -323,16 +376,18 @@ async fn shard_main(
     cfg: StoreConfig,
     inbox: Inbox,
     handle: Handle,
+    awake_window: Duration,
     ready: flume::Sender<Result<()>>,
     beats: Option<Arc<Beats>>,
 ) {
     let alive = Alive {
         shard,
-        handle,
+        handle: handle.clone(),
         inbox: inbox.clone(),
     };
     ALIVE.with(|a| *a.borrow_mut() = Some(alive));
-    shard_serve(shard, cfg, inbox, ready, beats).await;
+    crate::shard::wait::enter_shard(awake_window);
+    shard_serve(shard, cfg, &handle, inbox, ready, beats).await;
     // A normal end: dead from here (a panic's end is the thread-local's destructor).
     ALIVE.with(|a| drop(a.borrow_mut().take()));
 }
@@ -340,6 +395,7 @@ async fn shard_main(
 async fn shard_serve(
     shard: usize,
     cfg: StoreConfig,
+    handle: &Handle,
     inbox: Inbox,
     ready: flume::Sender<Result<()>>,
     beats: Option<Arc<Beats>>,
@@ -363,7 +419,7 @@ async fn shard_serve(
                 }
             }
             let _ = ready.send(Ok(()));
-            handle::serve(&inbox, store).await;
+            handle::serve(shard, handle, &inbox, store).await;
         }
         Err(e) => {
             tracing::error!(shard, error = %e, "shard failed to open");

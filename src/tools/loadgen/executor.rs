@@ -4,7 +4,8 @@
 //!
 //! One waker per future, so a wake-up polls that future alone (a plain `join_all`
 //! polls every future on each wake-up: with 256 lanes, 256 polls per put); a timer
-//! heap for [`sleep_until`]; `thread::park` when nothing is ready.
+//! heap for [`sleep_until`]; `thread::park` when nothing is ready, after spinning
+//! briefly when a reply is expected soon (`shard::wait`, as `coremq::block_on`).
 
 use super::measure::now_ns;
 use std::cell::RefCell;
@@ -114,6 +115,7 @@ pub(super) fn block_on_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
     let mut out: Vec<Option<F::Output>> = (0..n).map(|_| None).collect();
     let mut left = n;
     while left > 0 {
+        crate::shard::wait::clear_spin_hint();
         let batch = std::mem::take(&mut *ready.queue.lock().unwrap_or_else(|e| e.into_inner()));
         for i in batch {
             wakers[i].queued.store(false, Ordering::Release);
@@ -131,7 +133,20 @@ pub(super) fn block_on_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_empty();
-        if left > 0 && idle {
+        // A lane's reply expected soon (one request in flight, fast replies): spin
+        // for it as `coremq::block_on` does instead of paying this thread's wake-up.
+        let woken = || {
+            !ready
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        };
+        if left > 0
+            && idle
+            && next_timer.is_none_or(|at| at > now_ns())
+            && !crate::shard::wait::spin_before_park(woken)
+        {
             match next_timer {
                 Some(at) => std::thread::park_timeout(Duration::from_nanos(at - now_ns().min(at))),
                 None => std::thread::park(),

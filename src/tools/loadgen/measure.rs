@@ -41,23 +41,7 @@ pub(super) fn process_usage() -> (f64, u64) {
 
 /// The CPUs this process may run on, ascending.
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into `set`.
-    let cpus: Vec<usize> = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            Vec::new()
-        } else {
-            (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect()
-        }
-    };
-    if cpus.is_empty() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (0..n).collect()
-    } else {
-        cpus
-    }
+    crate::shard::wait::allowed_cpus()
 }
 
 /// The 1, 5 and 15 minute load averages before a run (other load on the machine skews

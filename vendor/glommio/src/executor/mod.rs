@@ -353,6 +353,8 @@ struct ExecutorQueues {
     preempt_timer_duration: Duration,
     default_preempt_timer_duration: Duration,
     spin_before_park: Option<Duration>,
+    // coremq patch: see `ExecutorProxy::stay_awake_until`.
+    awake_until: Option<Instant>,
     stats: ExecutorStats,
 }
 
@@ -367,6 +369,7 @@ impl ExecutorQueues {
             preempt_timer_duration,
             default_preempt_timer_duration: preempt_timer_duration,
             spin_before_park,
+            awake_until: None,
             stats: ExecutorStats::new(),
         }
     }
@@ -1507,8 +1510,14 @@ impl LocalExecutor {
                         // future is probably the one setting up the task queues and etc.
                         break t.unwrap();
                     } else {
+                        // coremq patch: spin (poll I/O and foreign wakes without
+                        // sleeping) also until a task's `stay_awake_until` deadline.
+                        let awake_until = this.queues.borrow().awake_until;
                         while !this.reactor.spin_poll_io().unwrap() {
-                            if pre_time.elapsed() > spin_before_park {
+                            let now = Instant::now();
+                            if now - pre_time > spin_before_park
+                                && awake_until.is_none_or(|until| now >= until)
+                            {
                                 this.parker
                                     .park()
                                     .expect("Failed to park! This is actually pretty bad!");
@@ -2175,6 +2184,33 @@ impl ExecutorProxy {
             if self.need_preempt() {
                 (*LOCAL_EX).mark_me_for_yield();
                 futures_lite::future::yield_now().await;
+            }
+        }
+    }
+
+    /// coremq patch: keeps this executor awake until `deadline`: once no task is
+    /// runnable it polls I/O and wakes from other threads without sleeping (as
+    /// [`LocalExecutorBuilder::spin_before_park`] does) until then, instead of
+    /// parking in the kernel. For a task that expects work or a reply from another
+    /// thread shortly: a wake of a parked executor costs that thread an eventfd write
+    /// and this one a trip through the kernel's scheduler. A later deadline replaces
+    /// an earlier one; an earlier one is ignored while a later one stands. Tasks still
+    /// run as usual meanwhile. Outside an executor it does nothing.
+    pub fn stay_awake_until(&self, deadline: Instant) {
+        let extend = |ex: &LocalExecutor| {
+            let mut queues = ex.queues.borrow_mut();
+            if queues.awake_until.is_none_or(|until| until < deadline) {
+                queues.awake_until = Some(deadline);
+            }
+        };
+        #[cfg(not(feature = "native-tls"))]
+        if LOCAL_EX.is_set() {
+            LOCAL_EX.with(extend);
+        }
+        #[cfg(feature = "native-tls")]
+        unsafe {
+            if let Some(ex) = LOCAL_EX.as_ref() {
+                extend(ex);
             }
         }
     }

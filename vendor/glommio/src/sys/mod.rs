@@ -306,6 +306,13 @@ impl SleepNotifier {
     }
 
     pub(crate) fn notify(&self, force: bool) {
+        // coremq patch: pairs with the fence in `Reactor::wait` (sys/uring.rs), which
+        // replaces 0.9.0's `membarrier()` there. The waker's queue push (the foreign
+        // waker, a shared channel's slot) comes before this fence and the flag's read
+        // after it; the sleeper's flag store comes before its fence and its queue
+        // checks after. So either this sees the flag set and writes the eventfd, or the
+        // sleeper sees what was pushed and does not sleep.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self
             .should_notify
             .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)

@@ -37,7 +37,7 @@ use crate::{
         self,
         blocking::{BlockingThreadOp, BlockingThreadPool},
         dma_buffer::{BufferStorage, DmaBuffer},
-        membarrier, DirectIo, EnqueuedSource, EnqueuedStatus, InnerSource, IoBuffer,
+        DirectIo, EnqueuedSource, EnqueuedStatus, InnerSource, IoBuffer,
         PollableStatus, Source, SourceType, Statx, TimeSpec64,
     },
     uring_sys::{self, IoRingOp},
@@ -1050,7 +1050,8 @@ impl SleepableRing {
     // DataDog/glommio#547) was a sleep until unrelated I/O, for ever when none came.
     // Now it costs at most this much. An idle executor wakes this often (it used to
     // wake only for work): see vendor/glommio/COREMQ-PATCHES.md for the measured cost.
-    pub(crate) const MAX_PARK: Duration = Duration::from_millis(10);
+    // Raised from 10 ms to 100 ms in the second round (COREMQ-PATCHES.md, e).
+    pub(crate) const MAX_PARK: Duration = Duration::from_millis(100);
 
     fn sleep(&mut self, link: &Source) -> io::Result<usize> {
         assert_eq!(
@@ -1836,14 +1837,28 @@ impl Reactor {
         // to be removed otherwise we'll wake up when it expires.
         drop(self.latency_preemption_timeout_src.take());
 
-        // Schedule the throughput-based timeout immediately: it won't matter if we end
-        // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        // coremq patch: the throughput timer (it fires once `ring_depth` main-ring
+        // completions were posted) is re-armed only once it fired. 0.9.0 cancelled
+        // and re-armed it on every call, three SQEs and an `io_uring_enter` of the
+        // main ring each loop of the executor, busy or idle; now its count runs from
+        // when it was armed, not from this loop.
+        let throughput = match self.throughput_preemption_timeout_src.take() {
+            Some(armed) if armed.result().is_none() => armed,
+            _ => main_ring
+                .prepare_throughput_preemption_timer(self.ring_depth() as u32, self.eventfd_src.raw()),
+        };
+        self.throughput_preemption_timeout_src.set(Some(throughput));
+
+        // coremq patch: the next timer of the latency ring (the preempt timer, or
+        // when about to park the user timer) goes to the kernel with the cancellation
+        // of the last one, in one `io_uring_enter`. 0.9.0 armed it after the
+        // cancellation's own `io_uring_enter`. Not sleeping after all leaves the user
+        // timer armed; the next call cancels it, as it does a preempt timer.
+        let preempt = preempt_timer();
+        if let Some(timer) = preempt.or(user_timer) {
+            self.latency_preemption_timeout_src
+                .set(Some(lat_ring.prepare_latency_preemption_timer(timer)));
+        }
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1855,29 +1870,26 @@ impl Reactor {
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // If we generated any event so far, we can't sleep. Need to handle them.
-        let should_sleep = preempt_timer().is_none()
+        let should_sleep = preempt.is_none()
             && (woke == 0)
             && poll_ring.can_sleep()
             && main_ring.can_sleep()
             && lat_ring.can_sleep();
 
         if should_sleep {
-            // We are about to go to sleep. It's ok to sleep, but if there
-            // is a timer set, we need to make sure we wake up to handle it.
-            if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
-            }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
             // last time until now it could be that something happened in a remote executor
             // that opened up room. If it did we bail on sleep and go process it.
             self.notifier.prepare_to_sleep();
-            // See https://www.scylladb.com/2018/02/15/memory-barriers-seastar-linux/ for
-            // details. This translates to `sys_membarrier()` /
-            // `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
-            membarrier::heavy();
+            // coremq patch: a `SeqCst` fence here and one in `SleepNotifier::notify`
+            // before the waker reads the flag, instead of 0.9.0's
+            // `membarrier::heavy()` (`MEMBARRIER_CMD_PRIVATE_EXPEDITED`: an IPI to
+            // every CPU running a thread of this process, at every park). Both sides
+            // now order the flag against the queues (store-fence-load on each side),
+            // which is all the barrier was for; see
+            // vendor/glommio/COREMQ-PATCHES.md for the measured cost.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
@@ -1891,12 +1903,6 @@ impl Reactor {
                 // Woke up, so no need to notify us anymore.
                 self.notifier.wake_up();
             }
-        }
-
-        if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-            flush_rings!(lat_ring, main_ring)?;
         }
 
         // A Note about `need_preempt`:

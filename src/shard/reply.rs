@@ -1,0 +1,180 @@
+//! A request's reply: a one-shot slot the shard fills and the caller waits on, from
+//! any thread (coremq's; RocketMQ calls its store in place).
+//!
+//! What a hop used to take for its reply, a one-slot flume channel, allocated a
+//! channel (its shared state, a wait list) per request and registered a hook on every
+//! pending poll. The slot is one allocation (the `Arc` the two ends share), a state
+//! word and the caller's waker behind a small lock:
+//!
+//! * the shard's end [`ReplySender::send`] stores the value, publishes it (`Release`)
+//!   and wakes the caller's waker, if one is registered, outside the lock. A sender
+//!   dropped unsent (its task dropped because the shard died) closes the slot and
+//!   wakes the caller, who then sees the shard as gone.
+//! * the caller's end [`ReplyReceiver`] is a future: ready once the state says sent
+//!   (or closed); otherwise it registers its waker, then looks at the state again, so
+//!   a value published between the two looks is not missed (the sender takes the
+//!   waker under the same lock after publishing).
+//! * [`ReplyReceiver::sent_at`]: when the value was published (a monotonic clock in
+//!   nanoseconds), for the callers' adaptive spin (`wait.rs`): how long replies take.
+
+use super::wait;
+use std::cell::UnsafeCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+const EMPTY: u8 = 0;
+const SENT: u8 = 1;
+const CLOSED: u8 = 2;
+/// The value was taken by the receiver (a second poll after `Ready` is a bug).
+const TAKEN: u8 = 3;
+
+struct Slot<T> {
+    state: AtomicU8,
+    /// Written once by the sender before `state` becomes `SENT`; read once by the
+    /// receiver after it sees `SENT`.
+    value: UnsafeCell<Option<T>>,
+    waker: Mutex<Option<Waker>>,
+    /// `wait::now_ns()` when the value was published.
+    sent_at_ns: AtomicU64,
+}
+
+// SAFETY: `value` is written only by the one sender before it publishes `SENT`
+// (Release) and read only by the one receiver after it observed `SENT` (Acquire);
+// the state word hands it over, so no two threads touch it at once. `T: Send` moves
+// it between threads.
+unsafe impl<T: Send> Sync for Slot<T> {}
+// SAFETY: as above; the slot owns a `T`, which may move to the receiver's thread.
+unsafe impl<T: Send> Send for Slot<T> {}
+
+/// The shard's end.
+pub(super) struct ReplySender<T> {
+    slot: Option<Arc<Slot<T>>>,
+}
+
+/// The caller's end: a future of the value, or `None` when the sender was dropped
+/// unsent.
+pub(super) struct ReplyReceiver<T> {
+    slot: Arc<Slot<T>>,
+}
+
+pub(super) fn channel<T>() -> (ReplySender<T>, ReplyReceiver<T>) {
+    let slot = Arc::new(Slot {
+        state: AtomicU8::new(EMPTY),
+        value: UnsafeCell::new(None),
+        waker: Mutex::new(None),
+        sent_at_ns: AtomicU64::new(0),
+    });
+    (
+        ReplySender {
+            slot: Some(slot.clone()),
+        },
+        ReplyReceiver { slot },
+    )
+}
+
+impl<T> Slot<T> {
+    /// Publishes `state` (SENT or CLOSED) and wakes the receiver if it waits.
+    fn publish(&self, state: u8) {
+        self.sent_at_ns.store(wait::now_ns(), Ordering::Relaxed);
+        self.state.store(state, Ordering::Release);
+        let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl<T> ReplySender<T> {
+    /// Hands `value` to the caller (a caller that gave up drops it with the slot).
+    pub(super) fn send(mut self, value: T) {
+        let slot = self.slot.take().expect("a reply is sent once");
+        // SAFETY: the only write, before the state publishes it (see `Slot`).
+        unsafe { *slot.value.get() = Some(value) };
+        slot.publish(SENT);
+    }
+}
+
+impl<T> Drop for ReplySender<T> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.publish(CLOSED);
+        }
+    }
+}
+
+impl<T> ReplyReceiver<T> {
+    /// When the reply was published (`wait::now_ns`), once it was.
+    pub(super) fn sent_at_ns(&self) -> u64 {
+        self.slot.sent_at_ns.load(Ordering::Relaxed)
+    }
+
+    fn take(&self) -> Option<Poll<Option<T>>> {
+        match self.slot.state.load(Ordering::Acquire) {
+            EMPTY => None,
+            SENT => {
+                self.slot.state.store(TAKEN, Ordering::Relaxed);
+                // SAFETY: `SENT` was observed with Acquire: the sender's write is
+                // visible and it no longer touches the value (see `Slot`).
+                Some(Poll::Ready(unsafe { (*self.slot.value.get()).take() }))
+            }
+            CLOSED => Some(Poll::Ready(None)),
+            _ => panic!("a reply polled after it was taken"),
+        }
+    }
+}
+
+impl<T> Future for ReplyReceiver<T> {
+    type Output = Option<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if let Some(ready) = self.take() {
+            return ready;
+        }
+        {
+            let mut w = self.slot.waker.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *w {
+                Some(old) if old.will_wake(cx.waker()) => {}
+                w => *w = Some(cx.waker().clone()),
+            }
+        }
+        // Published between the first look and the registration: the sender may
+        // have found no waker to wake.
+        self.take().unwrap_or(Poll::Pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_lite::future::block_on;
+
+    #[test]
+    fn value_crosses_threads() {
+        for _ in 0..200 {
+            let (tx, rx) = channel();
+            let t = std::thread::spawn(move || tx.send(vec![1u8, 2, 3]));
+            assert_eq!(block_on(rx), Some(vec![1, 2, 3]));
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn dropped_sender_closes() {
+        let (tx, rx) = channel::<u32>();
+        let t = std::thread::spawn(move || drop(tx));
+        assert_eq!(block_on(rx), None);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn dropped_receiver_drops_the_value() {
+        let (tx, rx) = channel();
+        let v = Arc::new(());
+        drop(rx);
+        tx.send(v.clone());
+        assert_eq!(Arc::strong_count(&v), 1, "the slot went with both ends");
+    }
+}
