@@ -8,7 +8,7 @@
 
 use crate::format::msg_id::MessageId;
 use crate::node::out_queue::OutQueue;
-use crate::node::remoting::encode::{FieldValue, ResponseHead, encode_response};
+use crate::node::remoting::encode::{FieldValue, FrameHead, encode_frame};
 use crate::node::remoting::{RemotingCommand, SerializeType, codes};
 use bytes::Bytes;
 
@@ -138,19 +138,21 @@ impl Reply {
             }
             Reply::Send(s) => {
                 let fields = s.fields();
-                let head = ResponseHead {
+                let head = FrameHead {
                     code: s.code,
+                    flag: crate::node::remoting::FLAG_RESPONSE,
                     opaque: to.opaque,
                     serialize_type: to.serialize_type,
                     remark: s.remark.as_deref(),
                     fields: &fields,
                 };
-                out.inline(|b| encode_response(b, &head, 0));
+                out.inline(|b| encode_frame(b, &head, 0));
             }
             Reply::Pull(p) => {
                 let fields = p.fields();
-                let head = ResponseHead {
+                let head = FrameHead {
                     code: p.code,
+                    flag: crate::node::remoting::FLAG_RESPONSE,
                     opaque: to.opaque,
                     serialize_type: to.serialize_type,
                     remark: p.remark,
@@ -158,7 +160,7 @@ impl Reply {
                 };
                 let body = p.body();
                 let len = body.iter().map(Bytes::len).sum();
-                out.inline(|b| encode_response(b, &head, len));
+                out.inline(|b| encode_frame(b, &head, len));
                 for r in body {
                     out.push_body(r.clone());
                 }

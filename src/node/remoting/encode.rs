@@ -1,10 +1,11 @@
-//! Response frames written straight into a connection's output buffer (issue 20): no
+//! Frames (a node's responses, a load generator's requests) written straight into an
+//! output buffer (issue 20): no
 //! [`RemotingCommand`](super::RemotingCommand), no JSON value tree, no intermediate
 //! vector. The bytes are exactly those [`RemotingCommand::encode`] writes for the same
 //! response (serde_json's compact output with sorted keys for JSON, the field order
 //! given for binary); `tests` below and `tests/header_decoders.rs` compare them.
 
-use super::{FLAG_RESPONSE, HEADER_WORD, LENGTH_PREFIX, SerializeType, codes, language_code};
+use super::{HEADER_WORD, LENGTH_PREFIX, SerializeType, codes, language_code};
 use crate::format::msg_id::MessageId;
 
 /// A header field's value.
@@ -17,13 +18,16 @@ pub enum FieldValue<'a> {
     Ids(&'a [MessageId]),
 }
 
-/// Most ext fields one response may carry (responses here carry at most six).
-pub const MAX_RESPONSE_FIELDS: usize = 16;
+/// Most ext fields one frame may carry (the node's answers carry at most six, a send
+/// request fourteen).
+pub const MAX_FIELDS: usize = 16;
 
-/// A response's header: what [`encode_response`] writes.
+/// A frame's header: what [`encode_frame`] writes.
 #[derive(Debug, Clone, Copy)]
-pub struct ResponseHead<'a> {
+pub struct FrameHead<'a> {
     pub code: i32,
+    /// [`FLAG_RESPONSE`](super::FLAG_RESPONSE) for a response, 0 (or `FLAG_ONEWAY`) for a request.
+    pub flag: i32,
     pub opaque: i32,
     pub serialize_type: SerializeType,
     pub remark: Option<&'a str>,
@@ -31,10 +35,10 @@ pub struct ResponseHead<'a> {
     pub fields: &'a [(&'a str, FieldValue<'a>)],
 }
 
-/// Appends a whole response frame to `out` except its body, whose length is
-/// `body_len` (the caller appends or queues the body right after).
-pub fn encode_response(out: &mut Vec<u8>, head: &ResponseHead<'_>, body_len: usize) {
-    assert!(head.fields.len() <= MAX_RESPONSE_FIELDS);
+/// Appends a whole frame to `out` except its body, whose length is `body_len` (the
+/// caller appends or queues the body right after).
+pub fn encode_frame(out: &mut Vec<u8>, head: &FrameHead<'_>, body_len: usize) {
+    assert!(head.fields.len() <= MAX_FIELDS);
     let start = out.len();
     out.extend_from_slice(&[0; LENGTH_PREFIX + HEADER_WORD]);
     let header_start = out.len();
@@ -164,13 +168,13 @@ fn json_value(out: &mut Vec<u8>, v: &FieldValue<'_>) {
 
 /// serde_json's compact object with keys sorted (its map is a `BTreeMap`):
 /// code, extFields, flag, language, opaque, remark, serializeTypeCurrentRPC, version.
-fn json_header(out: &mut Vec<u8>, head: &ResponseHead<'_>) {
+fn json_header(out: &mut Vec<u8>, head: &FrameHead<'_>) {
     out.extend_from_slice(b"{\"code\":");
     push_int(out, head.code as i64);
     out.extend_from_slice(b",\"extFields\":{");
     // Keys sorted as a BTreeMap sorts strings; a key given twice keeps its last value.
     let n = head.fields.len();
-    let mut order = [0usize; MAX_RESPONSE_FIELDS];
+    let mut order = [0usize; MAX_FIELDS];
     let mut kept = 0;
     for i in 0..n {
         let key = head.fields[i].0;
@@ -195,7 +199,7 @@ fn json_header(out: &mut Vec<u8>, head: &ResponseHead<'_>) {
         json_value(out, value);
     }
     out.extend_from_slice(b"},\"flag\":");
-    push_int(out, FLAG_RESPONSE as i64);
+    push_int(out, head.flag as i64);
     out.extend_from_slice(b",\"language\":\"");
     out.extend_from_slice(super::OUR_LANGUAGE.as_bytes());
     out.extend_from_slice(b"\",\"opaque\":");
@@ -211,12 +215,12 @@ fn json_header(out: &mut Vec<u8>, head: &ResponseHead<'_>) {
     out.push(b'}');
 }
 
-fn binary_header(out: &mut Vec<u8>, head: &ResponseHead<'_>) {
+fn binary_header(out: &mut Vec<u8>, head: &FrameHead<'_>) {
     out.extend_from_slice(&(head.code as i16).to_be_bytes());
     out.push(language_code(super::OUR_LANGUAGE));
     out.extend_from_slice(&(codes::OUR_VERSION as i16).to_be_bytes());
     out.extend_from_slice(&head.opaque.to_be_bytes());
-    out.extend_from_slice(&FLAG_RESPONSE.to_be_bytes());
+    out.extend_from_slice(&head.flag.to_be_bytes());
     let remark = head.remark.unwrap_or("").as_bytes();
     out.extend_from_slice(&(remark.len() as i32).to_be_bytes());
     out.extend_from_slice(remark);
@@ -244,11 +248,11 @@ mod tests {
     use super::*;
     use crate::node::remoting::RemotingCommand;
 
-    /// The general encoder's frame for the same response.
-    fn general(head: &ResponseHead<'_>, body: &[u8]) -> Vec<u8> {
+    /// The general encoder's frame for the same command.
+    fn general(head: &FrameHead<'_>, body: &[u8]) -> Vec<u8> {
         let mut c = RemotingCommand::request(0, head.opaque, Vec::new());
         c.code = head.code;
-        c.flag = FLAG_RESPONSE;
+        c.flag = head.flag;
         c.serialize_type = head.serialize_type;
         c.remark = head.remark.map(String::from);
         for (k, v) in head.fields {
@@ -268,9 +272,9 @@ mod tests {
         c.encode()
     }
 
-    fn ours(head: &ResponseHead<'_>, body: &[u8]) -> Vec<u8> {
+    fn ours(head: &FrameHead<'_>, body: &[u8]) -> Vec<u8> {
         let mut out = b"left alone".to_vec();
-        encode_response(&mut out, head, body.len());
+        encode_frame(&mut out, head, body.len());
         out.extend_from_slice(body);
         assert_eq!(&out[..10], b"left alone");
         out.split_off(10)
@@ -298,10 +302,11 @@ mod tests {
             ("weird \"key\"\n", FieldValue::Str("\u{1}\u{7f}é\\/")),
         ];
         for kind in [SerializeType::Json, SerializeType::RocketMq] {
-            for remark in [None, Some("a \"remark\"\t\u{0}")] {
+            for (remark, flag) in [(None, 1), (Some("a \"remark\"\t\u{0}"), 0), (None, 2)] {
                 for n in [0, 1, 2, fields.len()] {
-                    let head = ResponseHead {
+                    let head = FrameHead {
                         code: -17,
+                        flag,
                         opaque: i32::MAX,
                         serialize_type: kind,
                         remark,
