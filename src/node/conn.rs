@@ -245,16 +245,22 @@ async fn serve_request(sh: Rc<Shared>, req: Request) {
                     .await;
             (outcome, at.to)
         }
+        // Every arm but the send is boxed: a task's future is as large as its largest
+        // arm, and spawning copies it whole (the send is the per-message path).
         Request::Pull(at, spans) => {
-            let raw = RawPull::attach(&spans, at.header());
-            let mut scratch = processor::PooledString::take();
-            let header = raw.resolve(scratch.get());
-            let outcome = processor::process_pull(st, at.code, at.oneway, at.to, &header).await;
+            let outcome = Box::pin(async {
+                let raw = RawPull::attach(&spans, at.header());
+                let mut scratch = processor::PooledString::take();
+                let header = raw.resolve(scratch.get());
+                processor::process_pull(st, at.code, at.oneway, at.to, &header).await
+            })
+            .await;
             (outcome, at.to)
         }
         Request::General(cmd) => {
             let to = ReplyTo::of(&cmd);
-            (processor::process(st, cmd, sh.conn, sh.peer).await, to)
+            let outcome = Box::pin(processor::process(st, cmd, sh.conn, sh.peer)).await;
+            (outcome, to)
         }
     };
     match outcome {
@@ -262,7 +268,7 @@ async fn serve_request(sh: Rc<Shared>, req: Request) {
         Outcome::NoReply => {}
         Outcome::Hold(hold) => {
             guard.release_slot();
-            let reply = processor::serve_hold(st, hold, Waiting::Glommio).await;
+            let reply = Box::pin(processor::serve_hold(st, hold, Waiting::Glommio)).await;
             sh.respond(&reply, to);
         }
     }

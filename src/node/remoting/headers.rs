@@ -200,13 +200,27 @@ fn collect_send<'a, T: Copy>(
     out
 }
 
+/// The field index of each one-letter name, by its byte (`u8::MAX`: none).
+const SHORT_INDEX: [u8; 128] = {
+    let mut t = [u8::MAX; 128];
+    let mut i = 0;
+    while i < SEND_FIELD_COUNT {
+        let b = SEND_FIELDS[i].1.as_bytes();
+        assert!(b.len() == 1 && b[0] < 128);
+        t[b[0] as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+
 /// `(is the long name, field index)` of a send header key.
 fn send_index(key: &str) -> Option<(bool, usize)> {
-    if key.len() == 1 {
-        SEND_FIELDS
-            .iter()
-            .position(|(_, s)| *s == key)
-            .map(|i| (false, i))
+    if let &[b] = key.as_bytes() {
+        // A V2 header's names are all one letter: a table, not a search.
+        match SHORT_INDEX.get(b as usize) {
+            Some(&i) if i != u8::MAX => Some((false, i as usize)),
+            _ => None,
+        }
     } else {
         SEND_FIELDS
             .iter()

@@ -26,6 +26,8 @@ pub mod codes;
 pub mod encode;
 pub mod headers;
 mod json_header;
+#[doc(hidden)]
+pub mod oracle;
 pub mod scan;
 
 use bytes::Bytes;
