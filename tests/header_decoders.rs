@@ -142,7 +142,7 @@ fn check(kind: u8, h: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(3000))]
+    #![proptest_config(ProptestConfig::with_cases(800))]
 
     #[test]
     fn valid_headers_read_alike((c, kind) in command()) {

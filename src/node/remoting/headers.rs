@@ -430,6 +430,18 @@ mod tests {
         }
     }
 
+    /// Every one-letter name lands on its own field, and nothing else does.
+    #[test]
+    fn every_v2_name_maps_to_its_field() {
+        for (i, (long, short)) in SEND_FIELDS.iter().enumerate() {
+            assert_eq!(send_index(short), Some((false, i)), "{short}");
+            assert_eq!(send_index(long), Some((true, i)), "{long}");
+        }
+        for other in ["o", "z", "A", "\u{7f}", "", "ab", "topicX"] {
+            assert_eq!(send_index(other), None, "{other}");
+        }
+    }
+
     #[test]
     fn long_topic_wins_over_short_names() {
         let c = RemotingCommand::request(
