@@ -302,8 +302,9 @@ remote_run() {
     timeout --signal=KILL "$limit" "$bin" bench --label "$label" --target "$target" \
         --json "$detail/$name.json" --quiet "$@" 2>&1 | tee "$detail/$name.log" >&2
     set -e
-    if [ ! -s "$detail/$name.json" ]; then
-        jq -n --arg lbl "$label" --arg why "$(head -c 300 "$detail/$name.log")" \
+    # No message acknowledged (e.g. the node refusing puts on a full disk): a failure.
+    if [ ! -s "$detail/$name.json" ] || [ "$(jq '.messages_acknowledged' "$detail/$name.json")" = 0 ]; then
+        jq -n --arg lbl "$label" --arg why "$(tail -c 300 "$detail/$name.log")" \
             '{"label": $lbl, "ok": false, "failed": true, "first_error": $why}' >"$detail/$name.json"
         return
     fi
@@ -526,8 +527,12 @@ s10_ratio() {
         "fio seq write $(fmt "$write_mb" 1) MB/s" s8a_result s8a_ratio
     scenario s8-sync-master-256 "8b. sync flush + SYNC_MASTER slave, 1 KiB" \
         "sync flush alone, same run" s8b_result s8b_ratio
-    if skipped s10-single || failed s10-single || failed s10-batch || failed s10-one || failed s10-pull; then
+    if skipped s10-single; then
         scenario s10-single "10. the node, 1 KiB (load generator on the same machine)" "-" s10_result s10_ratio
+    elif failed s10-single || failed s10-batch || failed s10-one || failed s10-pull; then
+        row "10. the node, 1 KiB (load generator on the same machine)" \
+            "**failed: $(for n in s10-single s10-batch s10-one s10-pull; do
+                failed "$n" && printf '%s: %s; ' "$n" "$(j "$n" .first_error | tr '\n|' '  ')"; done)**" "-" "-"
     else
         row "10. the node, 1 KiB (load generator on the same machine)" "$(s10_result)" "$(s10_baseline)" "$(s10_ratio)"
     fi
