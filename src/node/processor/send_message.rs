@@ -261,7 +261,7 @@ pub(super) async fn send(
         let props = h.get(SendField::Properties).unwrap_or("");
         base.fill(&mut msg, flag, body.clone(), props);
         let mut r = match local_owner(topic, queue_id) {
-            Some(store) => store.put(&*msg).await,
+            Some(store) => store.put(&msg).await,
             None => st.handle.put(msg.into_inner()).await,
         };
         let ids = std::mem::take(&mut r.msg_ids);
