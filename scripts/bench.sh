@@ -16,7 +16,14 @@
 #        timed, against fio reading as many bytes;
 #   8    replication (issue 17): 8a a kept store replicated to a new, empty slave over
 #        loopback (catch-up rate against fio write); 8b sync flush with and without a
-#        SYNC_MASTER slave in the same run, 1 and 256 puts outstanding (put p50/p99).
+#        SYNC_MASTER slave in the same run, 1 and 256 puts outstanding (put p50/p99);
+#   10   the node (issue 20): `coremq serve` on a fresh store driven through RocketMQ's
+#        protocol by `coremq bench --target` on the same machine: single 1 KiB sends
+#        (4 connections x 64 outstanding), batched sends (32 per SEND_BATCH_MESSAGE),
+#        one send in flight, and a pull read-back (32 per request), with the node's
+#        CPU per message (from /proc/<pid>/stat) next to the embedded put's CPU per
+#        message, a loopback TCP echo round trip and the embedded catch-up rate, all
+#        measured in the same run.
 #
 # Usage: scripts/bench.sh [--quick] [--only LIST] [--dir DIR] [--out DIR]
 #   --quick      about 2 minutes instead of about 10 (shorter runs, smaller stores)
@@ -30,7 +37,7 @@
 set -euo pipefail
 
 quick=0
-only="1,2,3,4,5,6,7,8"
+only="1,2,3,4,5,6,7,8,10"
 work=""
 out="."
 while [ $# -gt 0 ]; do
@@ -56,10 +63,10 @@ mkdir -p "$detail"
 # s6_keys: messages with one key each; s7_msgs x 1 KiB: the log recovered;
 # s8_msgs x 4 KiB: the log replicated to an empty slave.
 if [ "$quick" = 1 ]; then
-    fio_bytes=1G; fio_sync_secs=2; secs=3
+    fio_bytes=1G; fio_sync_secs=2; secs=3; s10_msgs=100000
     s5_msgs=120000; s6_keys=200000; s6_queries=20000; s7_msgs=300000; s8_msgs=120000; limit=180
 else
-    fio_bytes=8G; fio_sync_secs=10; secs=15
+    fio_bytes=8G; fio_sync_secs=10; secs=15; s10_msgs=500000
     s5_msgs=600000; s6_keys=10000000; s6_queries=100000; s7_msgs=2500000; s8_msgs=600000; limit=1200
 fi
 # want N: scenario N is in --only.
@@ -88,7 +95,7 @@ bin="$work/coremq"
 cp "${CARGO_TARGET_DIR:-$repo/target}/release/coremq" "$bin"
 
 cleanup() {
-    rm -rf "$work"/fio-* "$work"/s[0-9]-* "$bin"
+    rm -rf "$work"/fio-* "$work"/s[0-9]-* "$work"/s10-* "$bin"
     rmdir "$work" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -267,6 +274,89 @@ if want 8; then
     done
 else skip s8-write s8-replicate s8-sync-1 s8-sync-master-1 s8-sync-256 s8-sync-master-256; fi
 
+# The node (10): one `coremq serve` on a fresh store; every remote run's node CPU is
+# the change of the node process's user + system time (/proc/<pid>/stat, all threads)
+# across that run, divided by the messages acknowledged. Baselines in the same run:
+# the embedded put's CPU per message (10-embedded), a loopback TCP echo server's round
+# trip at one in flight (10-echo), the embedded catch-up read at 32 per get.
+node_pid=""
+stop_node() {
+    if [ -n "$node_pid" ]; then
+        kill -TERM "$node_pid" 2>/dev/null || true
+        wait "$node_pid" 2>/dev/null || true
+        node_pid=""
+    fi
+}
+trap 'stop_node; cleanup' EXIT
+node_cpu() { awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$node_pid/stat"; }
+# remote_run NAME LABEL TARGET ARGS...: one `coremq bench --target` run, the node's CPU
+# added to its JSON.
+remote_run() {
+    local name="$1" label="$2" target="$3" c0 c1
+    shift 3
+    log "scenario $name: $label"
+    rm -f "$detail/$name.json"
+    c0=0
+    [ "$target" != echo ] && c0=$(node_cpu)
+    set +e
+    timeout --signal=KILL "$limit" "$bin" bench --label "$label" --target "$target" \
+        --json "$detail/$name.json" --quiet "$@" 2>&1 | tee "$detail/$name.log" >&2
+    set -e
+    # No message acknowledged (e.g. the node refusing puts on a full disk): a failure.
+    if [ ! -s "$detail/$name.json" ] || [ "$(jq '.messages_acknowledged' "$detail/$name.json")" = 0 ]; then
+        jq -n --arg lbl "$label" --arg why "$(tail -c 300 "$detail/$name.log")" \
+            '{"label": $lbl, "ok": false, "failed": true, "first_error": $why}' >"$detail/$name.json"
+        return
+    fi
+    if [ "$target" != echo ]; then
+        c1=$(node_cpu)
+        jq --argjson c "$(echo "$c1 - $c0" | bc -l)" \
+            '. + {ok: (.messages_failed == 0), node_cpu_seconds: $c,
+                  node_cpu_us_per_message: ($c * 1e6 / ([.messages_acknowledged, 1] | max))}' \
+            "$detail/$name.json" >"$detail/$name.json.tmp"
+        mv "$detail/$name.json.tmp" "$detail/$name.json"
+    else
+        jq '. + {ok: (.messages_failed == 0)}' "$detail/$name.json" >"$detail/$name.json.tmp"
+        mv "$detail/$name.json.tmp" "$detail/$name.json"
+    fi
+}
+s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-single s10-batch s10-one s10-pull"
+if want 10; then
+    run s10-embedded "embedded async puts, 1 KiB, 8 queues" \
+        --duration "$secs" --body 1024 --queues 8
+    bench_run s10-catch-up-write "catch-up log: $s10_msgs x 1 KiB" "$work/s10-store" \
+        --messages "$s10_msgs" --body 1024 --queues 8
+    bench_run s10-catch-up "catch-up read, 8 queues, 32 per get" "$work/s10-store" \
+        --mode catch-up --pull-batch 32
+    rm -rf "${work:?}/s10-store"
+    remote_run s10-echo "loopback TCP echo, 1 KiB, 1 in flight" echo \
+        --duration "$secs" --body 1024 --producers 1 --outstanding 1
+    port=$((20000 + RANDOM % 20000))
+    "$bin" serve --data-dir "$work/s10-node" --listen "127.0.0.1:$port" \
+        --namesrv-listen "127.0.0.1:$((port + 1))" --metrics-listen "127.0.0.1:$((port + 2))" \
+        --ha-listen "127.0.0.1:$((port + 3))" 2>"$detail/s10-node.log" &
+    node_pid=$!
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    remote_run s10-single "node: single sends, 1 KiB, 4 x 64 outstanding" "127.0.0.1:$port" \
+        --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
+    remote_run s10-batch "node: batched sends, 32 x 1 KiB, 4 x 8 outstanding" "127.0.0.1:$port" \
+        --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 8 --batch 32
+    remote_run s10-one "node: one send in flight, 1 KiB" "127.0.0.1:$port" \
+        --duration "$secs" --body 1024 --queues 8 --producers 1 --outstanding 1
+    # The read-back: a fresh topic set (--topics 2) of s10_msgs, then pulls 32 at a time.
+    remote_run s10-pull "node: pull read-back, 32 per request" "127.0.0.1:$port" \
+        --messages "$s10_msgs" --body 1024 --queues 8 --topics 2 --producers 4 \
+        --outstanding 64 --consumers
+    stop_node
+    rm -rf "${work:?}/s10-node"
+else
+    # shellcheck disable=SC2086
+    skip $s10_names
+fi
+
 # ---------------------------------------------------------------------------------
 # report
 
@@ -386,6 +476,23 @@ s8b_ratio() {
         "$(ratio "$(j s8-sync-master-256 .put_latency_us.p99)" "$(j s8-sync-256 '[.put_latency_us.p99, 0.001] | max')") (p99, 256)"
 }
 
+s10_result() {
+    echo "single: $(fmt "$(j s10-single .messages_per_sec)") msg/s, node $(fmt "$(j s10-single .node_cpu_us_per_message)" 2) µs CPU/msg" \
+        "(client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); batched: $(fmt "$(j s10-batch .messages_per_sec)") msg/s," \
+        "node $(fmt "$(j s10-batch .node_cpu_us_per_message)" 2) µs CPU/msg; one in flight: p50 $(fmt "$(j s10-one .send_latency_us.p50)") µs," \
+        "p99 $(fmt "$(j s10-one .send_latency_us.p99)") µs, node $(fmt "$(j s10-one .node_cpu_us_per_message)" 1) µs CPU/msg;" \
+        "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s"
+}
+s10_baseline() {
+    echo "embedded put $(fmt "$(j s10-embedded .cpu_us_per_message)" 2) µs CPU/msg;" \
+        "echo p50 $(fmt "$(j s10-echo .send_latency_us.p50)") µs; embedded catch-up $(fmt "$(j s10-catch-up .messages_per_sec)") msg/s"
+}
+s10_ratio() {
+    echo "CPU/msg $(ratio "$(j s10-single .node_cpu_us_per_message)" "$(j s10-embedded .cpu_us_per_message)") (single)," \
+        "$(ratio "$(j s10-batch .node_cpu_us_per_message)" "$(j s10-embedded .cpu_us_per_message)") (batched) of embedded (goal <= 2);" \
+        "p50 $(ratio "$(j s10-one .send_latency_us.p50)" "$(j s10-echo '[.send_latency_us.p50, 1] | max')") of echo (goal <= 2);" \
+        "pull $(ratio "$(j s10-pull '.read_back_per_sec // 0')" "$(j s10-catch-up '[.messages_per_sec, 1] | max')") of catch-up (goal >= 0.5)"
+}
 {
     echo "# coremq benchmark results"
     echo
@@ -420,6 +527,15 @@ s8b_ratio() {
         "fio seq write $(fmt "$write_mb" 1) MB/s" s8a_result s8a_ratio
     scenario s8-sync-master-256 "8b. sync flush + SYNC_MASTER slave, 1 KiB" \
         "sync flush alone, same run" s8b_result s8b_ratio
+    if skipped s10-single; then
+        scenario s10-single "10. the node, 1 KiB (load generator on the same machine)" "-" s10_result s10_ratio
+    elif failed s10-single || failed s10-batch || failed s10-one || failed s10-pull; then
+        row "10. the node, 1 KiB (load generator on the same machine)" \
+            "**failed: $(for n in s10-single s10-batch s10-one s10-pull; do
+                failed "$n" && printf '%s: %s; ' "$n" "$(j "$n" .first_error | tr '\n|' '  ')"; done)**" "-" "-"
+    else
+        row "10. the node, 1 KiB (load generator on the same machine)" "$(s10_result)" "$(s10_baseline)" "$(s10_ratio)"
+    fi
     echo
     echo "MB = 10^6 bytes. MB/s counts message bodies (\"log\": CommitLog bytes with record headers and properties)."
     echo "Latencies are from the send time (the intended one under a target rate) and come from HDR histograms;"
@@ -429,6 +545,8 @@ s8b_ratio() {
     echo "(in parallel) after a SIGKILL, against the time fio takes to read as many bytes as the log holds."
     echo "Replication: 8a counts CommitLog bytes from the slave's open to its last shard reaching the master's"
     echo "end (both stores in one process, loopback); 8b's slave acknowledges what it appended to its write buffer."
+    echo "Node: CPU per message is the node process's user + system time over the run (/proc/<pid>/stat)"
+    echo "divided by the messages acknowledged; the load generator runs on the same CPUs; goals from issue 20."
     echo "Per-scenario JSON, SVG latency curves and logs: $(basename "$detail")/."
 } >"$out/bench-results.md"
 
@@ -451,6 +569,10 @@ jq -n \
     --slurpfile s8w "$detail/s8-write.json" --slurpfile s8 "$detail/s8-replicate.json" \
     --slurpfile s8s1 "$detail/s8-sync-1.json" --slurpfile s8m1 "$detail/s8-sync-master-1.json" \
     --slurpfile s8s256 "$detail/s8-sync-256.json" --slurpfile s8m256 "$detail/s8-sync-master-256.json" \
+    --slurpfile s10e "$detail/s10-embedded.json" --slurpfile s10cw "$detail/s10-catch-up-write.json" \
+    --slurpfile s10c "$detail/s10-catch-up.json" --slurpfile s10echo "$detail/s10-echo.json" \
+    --slurpfile s10s "$detail/s10-single.json" --slurpfile s10b "$detail/s10-batch.json" \
+    --slurpfile s10o "$detail/s10-one.json" --slurpfile s10p "$detail/s10-pull.json" \
     '{
         machine: $machine, date: $date, quick: ($quick == 1),
         fio: {
@@ -488,6 +610,18 @@ jq -n \
             "8b_sync_master": {
                 sync_1: $s8s1[0], sync_master_1: $s8m1[0],
                 sync_256: $s8s256[0], sync_master_256: $s8m256[0]
+            },
+            "10_node": {
+                embedded: $s10e[0], catch_up_write: $s10cw[0], catch_up: $s10c[0], echo: $s10echo[0],
+                single: $s10s[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
+                node_cpu_ratio_to_embedded_single: (($s10s[0].node_cpu_us_per_message // null)
+                    | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
+                node_cpu_ratio_to_embedded_batch: (($s10b[0].node_cpu_us_per_message // null)
+                    | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
+                one_in_flight_p50_ratio_to_echo: (($s10o[0].send_latency_us.p50 // null)
+                    | if . == null then null else . / ([$s10echo[0].send_latency_us.p50 // 0, 1] | max) end),
+                pull_ratio_to_catch_up: (($s10p[0].read_back_per_sec // null)
+                    | if . == null then null else . / ([$s10c[0].messages_per_sec // 0, 1] | max) end)
             }
         }
     }' >"$out/bench-results.json"

@@ -31,6 +31,9 @@
 #                  text, bare keys); what decodes re-encodes to the same values
 #   remoting_frame node::remoting::decode_frame; a decoded command re-encodes to a
 #                  frame that decodes to the same code, opaque and body
+#   header_scan    node::remoting::scan / headers, the in-place reader of the hot
+#                  request headers (issue 20): takes a header only when it reads it
+#                  exactly as the general decoder (oracle::check_header)
 #   processors     the node's request processors: each input builds up to 12
 #                  RocketMQ requests (tests/requests/mod.rs: codes, header fields,
 #                  bodies) served by two in-process nodes (shards and threads front
@@ -70,7 +73,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz_dir="$root/scripts/fuzz"
-all_targets=(record properties consume_queue checkpoint flush_mark index_file msg_id manifest deleted_topics delay_offset remoting_frame processors ha)
+all_targets=(record properties consume_queue checkpoint flush_mark index_file msg_id manifest deleted_topics delay_offset remoting_frame header_scan processors ha)
 
 seconds=60
 targets=()

@@ -69,9 +69,11 @@
 //! `docs/performance/node.md`.
 
 pub mod config;
+mod conn;
 mod groups;
 mod listen;
 mod metrics;
+mod out_queue;
 mod processor;
 mod register;
 pub mod remoting;
@@ -457,10 +459,13 @@ async fn serve_in_process(
     how: processor::Waiting,
 ) -> Option<remoting::RemotingCommand> {
     let peer = SocketAddr::from(([127, 0, 0, 1], 0));
+    let to = processor::ReplyTo::of(&req);
     match processor::process(st, req, IN_PROCESS_CONN, peer).await {
-        processor::Outcome::Reply(resp) => Some(resp),
+        processor::Outcome::Reply(resp) => Some(resp.into_command(to)),
         processor::Outcome::NoReply => None,
-        processor::Outcome::Hold(hold) => Some(processor::serve_hold(st, hold, how).await),
+        processor::Outcome::Hold(hold) => {
+            Some(processor::serve_hold(st, hold, how).await.into_command(to))
+        }
     }
 }
 

@@ -4,29 +4,25 @@
 //! connections over the shards' sockets, see `listen.rs`) and serves its connections
 //! as glommio tasks with `glommio::net` (io_uring) I/O.
 //!
-//! Per connection: a reader task decodes frames and spawns a task per request (at
-//! most 1024 in flight per connection). A request for a queue this shard owns calls
-//! the local store directly; one for another shard's queue travels there through the
-//! store's `Handle`, as the library routes. A writer task drains a bounded local
-//! channel of encoded responses, so a held pull answered later (its own task) never
-//! interleaves with another response, and a peer that stops reading stalls only its
-//! own requests.
+//! Per connection (`conn.rs`): a reader takes every whole frame a receive brings and
+//! spawns a task per request (at most 1024 in flight per connection); the hot codes'
+//! headers are read in place. A request for a queue this shard owns calls the local
+//! store directly; one for another shard's queue travels there through the store's
+//! `Handle`, as the library routes. A writer task sends the encoded answers with
+//! vectored writes, so a held pull answered later (its own task) never interleaves
+//! with another response, and a peer that stops reading stalls only its own requests.
 //!
 //! Shutdown: the node sends each shard a stop; the shard stops accepting, tells every
 //! reader to stop at its next frame boundary, and waits (up to 10 s) until the
 //! connections' requests and held pulls have answered.
 
 use super::NodeState;
-use super::processor::{self, Outcome, Waiting};
-use crate::node::remoting::{self, RemotingCommand};
+use super::processor;
 use crate::shard::ShardContext;
-use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
-use glommio::channels::local_channel::{self, LocalSender};
-use glommio::net::{TcpListener, TcpStream};
+use glommio::net::TcpListener;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -109,7 +105,7 @@ impl ShardNet {
 
 /// A shard-local stop signal with one waker per waiting task.
 #[derive(Default)]
-struct LocalStop {
+pub(super) struct LocalStop {
     stopped: Cell<bool>,
     wakers: RefCell<HashMap<u64, Waker>>,
 }
@@ -124,7 +120,7 @@ impl LocalStop {
     }
 
     /// Resolves once stopped; `id` names the waiting task (one waker kept per task).
-    fn wait(&self, id: u64) -> impl Future<Output = ()> + '_ {
+    pub(super) fn wait(&self, id: u64) -> impl Future<Output = ()> + '_ {
         futures_lite::future::poll_fn(move |cx| {
             if self.stopped.get() {
                 Poll::Ready(())
@@ -139,12 +135,6 @@ impl LocalStop {
         self.wakers.borrow_mut().remove(&id);
     }
 }
-
-/// Requests of one connection processed at once (held pulls not counted).
-const MAX_IN_FLIGHT: u64 = 1024;
-
-/// Encoded responses waiting for a connection's writer.
-const RESPONSES_QUEUED: usize = 64;
 
 /// Ids of accept loops (connections count up from 1).
 const ACCEPT_ID_BASE: u64 = u64::MAX - 64;
@@ -209,7 +199,7 @@ async fn accept_loop(
         open.set(open.get() + 1);
         let (st, stop, open) = (st.clone(), stop.clone(), open.clone());
         glommio::spawn_local(async move {
-            serve_connection(&st, conn, stream, &stop).await;
+            super::conn::serve(&st, conn, stream, &stop).await;
             stop.forget(conn);
             st.clients.connection_closed(conn);
             st.client_conns.closed(conn);
@@ -219,111 +209,4 @@ async fn accept_loop(
         })
         .detach();
     }
-}
-
-enum Read {
-    Frame(RemotingCommand),
-    Closed,
-    Malformed(remoting::FrameError),
-    Stop,
-}
-
-async fn read_frame<R: futures_lite::AsyncRead + Unpin>(r: &mut R, max: usize) -> Read {
-    let mut prefix = [0u8; 4];
-    if r.read_exact(&mut prefix).await.is_err() {
-        return Read::Closed;
-    }
-    let len = match remoting::check_length(prefix, max) {
-        Ok(l) => l,
-        Err(e) => return Read::Malformed(e),
-    };
-    // Memory grows with the bytes that arrive, not with the length a peer declares.
-    let mut payload = Vec::with_capacity(len.min(remoting::INITIAL_FRAME_BUFFER));
-    match r.take(len as u64).read_to_end(&mut payload).await {
-        Ok(n) if n == len => {}
-        _ => return Read::Closed,
-    }
-    match remoting::decode_payload(payload.into()) {
-        Ok(c) => Read::Frame(c),
-        Err(e) => Read::Malformed(e),
-    }
-}
-
-async fn serve_connection(st: &Arc<NodeState>, conn: u64, stream: TcpStream, stop: &LocalStop) {
-    let peer = stream
-        .peer_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(st.cfg.idle_timeout()));
-    let (mut rd, mut wr) = futures_lite::io::split(stream);
-    // Bounded: a peer that stops reading stalls its own requests, not the node's memory.
-    let (tx, rx) = local_channel::new_bounded::<Vec<u8>>(RESPONSES_QUEUED);
-    let tx: Rc<LocalSender<Vec<u8>>> = Rc::new(tx);
-    let writer = glommio::spawn_local(async move {
-        while let Some(bytes) = rx.recv().await {
-            if wr.write_all(&bytes).await.is_err() {
-                break;
-            }
-        }
-        let _ = wr.close().await;
-    });
-    // Requests the broker starts (check-backs) join the responses; the forwarder ends
-    // when the outbox closes.
-    let outbox = st.outboxes.open(conn);
-    let forward = tx.clone();
-    glommio::spawn_local(async move {
-        while let Ok(frame) = outbox.recv_async().await {
-            if forward.send(frame).await.is_err() {
-                break;
-            }
-        }
-    })
-    .detach();
-    let inflight = Rc::new(glommio::sync::Semaphore::new(MAX_IN_FLIGHT));
-    tracing::debug!(%peer, conn, "connection open");
-    loop {
-        let read = futures_lite::future::or(read_frame(&mut rd, st.cfg.max_frame_bytes), async {
-            stop.wait(conn).await;
-            Read::Stop
-        })
-        .await;
-        let req = match read {
-            Read::Frame(req) => req,
-            Read::Closed | Read::Stop => break,
-            Read::Malformed(e) => {
-                st.metrics.bad_frames.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%peer, conn, error = %e, "malformed frame; closing the connection");
-                break;
-            }
-        };
-        if req.is_response() {
-            continue;
-        }
-        // Requests of one connection run concurrently (answered by opaque, as
-        // RocketMQ's processor pools do), at most MAX_IN_FLIGHT at once.
-        let Ok(permit) = inflight.acquire_static_permit(1).await else {
-            break;
-        };
-        let (st, tx) = (st.clone(), tx.clone());
-        glommio::spawn_local(async move {
-            let _permit = permit;
-            match processor::process(&st, req, conn, peer).await {
-                Outcome::Reply(resp) => {
-                    let _ = tx.send(resp.encode()).await;
-                }
-                Outcome::NoReply => {}
-                Outcome::Hold(hold) => {
-                    drop(_permit);
-                    let resp = processor::serve_hold(&st, hold, Waiting::Glommio).await;
-                    let _ = tx.send(resp.encode()).await;
-                }
-            }
-        })
-        .detach();
-    }
-    // The writer ends once every held pull of this connection has answered.
-    st.outboxes.close(conn);
-    drop(tx);
-    drop(rd);
-    writer.await;
 }

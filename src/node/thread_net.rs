@@ -10,7 +10,7 @@
 //!   of its socket in `NodeState::conns` so shutdown can close its read side.
 
 use super::NodeState;
-use super::processor::{self, Outcome};
+use super::processor::{self, Outcome, Reply, ReplyTo};
 use super::remoting::{self, FrameError, RemotingCommand};
 use super::state::lock;
 use std::io::{BufReader, Read, Write};
@@ -115,8 +115,8 @@ enum ReadError {
 
 type Writer = Arc<Mutex<TcpStream>>;
 
-fn send_response(w: &Writer, resp: &RemotingCommand) {
-    let bytes = resp.encode();
+fn send_response(w: &Writer, resp: Reply, to: ReplyTo) {
+    let bytes = resp.into_command(to).encode();
     let _ = lock(w).write_all(&bytes);
 }
 
@@ -166,8 +166,9 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
         if req.is_response() {
             continue; // Answers to check-backs (sent one-way) carry nothing.
         }
+        let to = ReplyTo::of(&req);
         match futures_lite::future::block_on(processor::process(st, req, id, peer)) {
-            Outcome::Reply(resp) => send_response(&writer, &resp),
+            Outcome::Reply(resp) => send_response(&writer, resp, to),
             Outcome::NoReply => {}
             Outcome::Hold(hold) => {
                 let guard = ActiveGuard::new(st);
@@ -181,7 +182,7 @@ fn serve_connection(st: &Arc<NodeState>, id: u64, stream: TcpStream) {
                             hold,
                             processor::Waiting::Blocking,
                         ));
-                        send_response(&w2, &resp);
+                        send_response(&w2, resp, to);
                     });
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot start a pull-hold thread");

@@ -59,16 +59,22 @@ mod client_manage;
 mod consumer_manage;
 mod end_transaction;
 mod namesrv;
+mod pool;
 mod pull_message;
 mod query_message;
+pub(crate) mod reply;
 mod send_message;
 
+pub(crate) use pool::PooledString;
 pub(crate) use pull_message::{Hold, Waiting};
+pub(crate) use reply::{Reply, ReplyTo};
 
 use super::NodeState;
 use super::state::{PERM_READ, PERM_WRITE, TopicConf};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::remoting::headers::{PullHeader, SendHeader};
+use bytes::Bytes;
 use futures_lite::FutureExt;
 use std::any::Any;
 use std::net::SocketAddr;
@@ -77,7 +83,7 @@ use std::sync::atomic::Ordering;
 
 /// What the connection does with a request.
 pub(crate) enum Outcome {
-    Reply(RemotingCommand),
+    Reply(Reply),
     /// A one-way request: nothing goes back.
     NoReply,
     /// A pull that found nothing, held until a message arrives or time runs out.
@@ -92,22 +98,69 @@ pub(crate) async fn process(
     conn: u64,
     peer: SocketAddr,
 ) -> Outcome {
-    let (code, oneway) = (req.code, req.is_oneway());
-    let failed = RemotingCommand::response_to(&req, SYSTEM_ERROR, None);
-    match AssertUnwindSafe(dispatch(st, req, conn, peer))
-        .catch_unwind()
-        .await
-    {
+    let (code, oneway, to) = (req.code, req.is_oneway(), ReplyTo::of(&req));
+    guarded(st, code, oneway, to, dispatch(st, req, conn, peer)).await
+}
+
+/// Serves a send (10, 310, 320) whose header was read in place (the socket front
+/// end's fast path, issue 20): the same processor and guard as [`process`].
+pub(crate) async fn process_send(
+    st: &NodeState,
+    code: i32,
+    oneway: bool,
+    to: ReplyTo,
+    header: &SendHeader<'_>,
+    body: &Bytes,
+    peer: SocketAddr,
+) -> Outcome {
+    guarded(st, code, oneway, to, async {
+        st.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(
+            code,
+            opaque = to.opaque,
+            ?header,
+            body = body.len(),
+            "request"
+        );
+        let r = send_message::send(st, code, header, body, peer).await;
+        answer(oneway, to, r.map(Reply::Send))
+    })
+    .await
+}
+
+/// Serves a pull (11, 361) whose header was read in place, as [`process_send`].
+pub(crate) async fn process_pull(
+    st: &NodeState,
+    code: i32,
+    oneway: bool,
+    to: ReplyTo,
+    header: &PullHeader<'_>,
+) -> Outcome {
+    guarded(st, code, oneway, to, async {
+        st.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(code, opaque = to.opaque, ?header, "request");
+        let outcome = pull_message::pull(st, code, to, header).await;
+        if oneway { Outcome::NoReply } else { outcome }
+    })
+    .await
+}
+
+/// Runs a request's future under the panic catch (module docs).
+async fn guarded(
+    st: &NodeState,
+    code: i32,
+    oneway: bool,
+    to: ReplyTo,
+    serve: impl std::future::Future<Output = Outcome>,
+) -> Outcome {
+    match AssertUnwindSafe(serve).catch_unwind().await {
         Ok(outcome) => outcome,
         Err(panic) => {
             let remark = caught(st, code, "request", panic);
             if oneway {
                 Outcome::NoReply
             } else {
-                Outcome::Reply(RemotingCommand {
-                    remark: Some(remark),
-                    ..failed
-                })
+                Outcome::Reply(Reply::Command(to.command(SYSTEM_ERROR, Some(remark))))
             }
         }
     }
@@ -115,8 +168,8 @@ pub(crate) async fn process(
 
 /// Serves a held pull (see [`pull_message::serve_hold`]) under the same catch as
 /// [`process`].
-pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> RemotingCommand {
-    let (code, failed) = (hold.request_code(), hold.failure_response());
+pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> Reply {
+    let (code, to) = (hold.request_code(), hold.reply_to());
     match AssertUnwindSafe(pull_message::serve_hold(st, hold, how))
         .catch_unwind()
         .await
@@ -124,11 +177,7 @@ pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> Remo
         Ok(resp) => resp,
         Err(panic) => {
             let remark = caught(st, code, "held pull", panic);
-            RemotingCommand {
-                code: SYSTEM_ERROR,
-                remark: Some(remark),
-                ..failed
-            }
+            Reply::Command(to.command(SYSTEM_ERROR, Some(remark)))
         }
     }
 }
@@ -180,16 +229,20 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
     st.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let oneway = req.is_oneway();
     tracing::trace!(code = req.code, opaque = req.opaque, fields = ?req.ext_fields, body = req.body.len(), "request");
+    let to = ReplyTo::of(&req);
     let r = match req.code {
         SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => {
-            send_message::send(st, &req, peer).await
+            let h = SendHeader::from_command(&req);
+            let r = send_message::send(st, req.code, &h, &req.body, peer).await;
+            return answer(oneway, to, r.map(Reply::Send));
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
         END_TRANSACTION => end_transaction::end_transaction(st, &req, peer).await,
         PULL_MESSAGE | LITE_PULL_MESSAGE => {
             // A one-way pull is served (a commit offset it carries is stored) but never
             // answered, held or not.
-            let outcome = pull_message::pull(st, req).await;
+            let outcome =
+                pull_message::pull(st, req.code, to, &PullHeader::from_command(&req)).await;
             return if oneway { Outcome::NoReply } else { outcome };
         }
         QUERY_MESSAGE => query_message::query_message(st, &req).await,
@@ -240,11 +293,17 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
             format!(" request type {other} not supported"),
         )),
     };
+    answer(oneway, to, r.map(Reply::Command))
+}
+
+/// A processor's result as the request's outcome: nothing for a one-way request, a
+/// refusal as a response with its code and remark.
+fn answer(oneway: bool, to: ReplyTo, r: Result<Reply, Reject>) -> Outcome {
     if oneway {
         return Outcome::NoReply;
     }
     Outcome::Reply(
-        r.unwrap_or_else(|(code, remark)| RemotingCommand::response_to(&req, code, Some(remark))),
+        r.unwrap_or_else(|(code, remark)| Reply::Command(to.command(code, Some(remark)))),
     )
 }
 
@@ -276,7 +335,7 @@ fn local_owner(topic: &str, queue_id: i32) -> Option<LocalStore> {
 pub(crate) struct LocalStore(crate::store::Store);
 
 impl LocalStore {
-    pub(crate) async fn put(&self, msg: crate::Message) -> crate::PutResult {
+    pub(crate) async fn put(&self, msg: &crate::Message) -> crate::PutResult {
         in_store(self.0.put(msg)).await
     }
 
@@ -363,12 +422,25 @@ fn clip(s: &str) -> String {
 }
 
 fn field<'a>(req: &'a RemotingCommand, name: &str) -> Result<&'a str, Reject> {
-    req.field(name)
-        .ok_or_else(|| reject(SYSTEM_ERROR, format!("the custom field <{name}> is null")))
+    need(req.field(name), name)
 }
 
 fn num<T: std::str::FromStr>(req: &RemotingCommand, name: &str) -> Result<T, Reject> {
-    let v = field(req, name)?;
+    num_of(req.field(name), name)
+}
+
+fn opt_num<T: std::str::FromStr>(req: &RemotingCommand, name: &str) -> Result<Option<T>, Reject> {
+    opt_num_of(req.field(name), name)
+}
+
+/// A header field's value (`v`, found under `name`), refused when absent.
+fn need<'a>(v: Option<&'a str>, name: &str) -> Result<&'a str, Reject> {
+    v.ok_or_else(|| reject(SYSTEM_ERROR, format!("the custom field <{name}> is null")))
+}
+
+/// A header field's value as a number, refused when absent or not a number.
+fn num_of<T: std::str::FromStr>(v: Option<&str>, name: &str) -> Result<T, Reject> {
+    let v = need(v, name)?;
     v.trim().parse().map_err(|_| {
         reject(
             SYSTEM_ERROR,
@@ -377,10 +449,11 @@ fn num<T: std::str::FromStr>(req: &RemotingCommand, name: &str) -> Result<T, Rej
     })
 }
 
-fn opt_num<T: std::str::FromStr>(req: &RemotingCommand, name: &str) -> Result<Option<T>, Reject> {
-    match req.field(name) {
+/// A header field's value as a number when present, refused when not a number.
+fn opt_num_of<T: std::str::FromStr>(v: Option<&str>, name: &str) -> Result<Option<T>, Reject> {
+    match v {
         None => Ok(None),
-        Some(_) => num(req, name).map(Some),
+        Some(_) => num_of(v, name).map(Some),
     }
 }
 

@@ -17,12 +17,13 @@
 //!   dispatch before each look, because a put returns before dispatch makes its record
 //!   visible to pulls.
 
-use super::{NodeState, Outcome, Reject, field, local_owner, num, opt_num, topic_conf};
+use super::reply::{PullReply, Reply, ReplyTo};
+use super::{NodeState, Outcome, Reject, local_owner, need, num_of, opt_num_of, topic_conf};
 use crate::StoreOps;
 use crate::format::properties;
 use crate::message::GetStatus;
-use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::remoting::headers::{PullField, PullHeader};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,15 +49,15 @@ const PULL_FLAG_SUSPEND: i32 = 2;
 /// Most messages one pull returns (RocketMQ caps at 32 by default; clients ask 32).
 const PULL_MAX_MESSAGES: usize = 1024;
 
-fn parse_pull(req: &RemotingCommand) -> Result<PullArgs, Reject> {
-    let topic = field(req, "topic")?.to_string();
-    let offset: i64 = num(req, "queueOffset")?;
-    let max: i64 = opt_num(req, "maxMsgNums")?.unwrap_or(32);
-    let sub = req.field("subscription").unwrap_or("*").trim();
+fn parse_pull(h: &PullHeader<'_>) -> Result<PullArgs, Reject> {
+    let topic = need(h.get(PullField::Topic), "topic")?.to_string();
+    let offset: i64 = num_of(h.get(PullField::QueueOffset), "queueOffset")?;
+    let max: i64 = opt_num_of(h.get(PullField::MaxMsgNums), "maxMsgNums")?.unwrap_or(32);
+    let sub = h.get(PullField::Subscription).unwrap_or("*").trim();
     // Only tag expressions are served: any other type (SQL92) is refused with
     // RocketMQ's answer for a broker without property filtering, never matched
     // against tags.
-    if let Some(kind) = req.field("expressionType")
+    if let Some(kind) = h.get(PullField::ExpressionType)
         && !kind.eq_ignore_ascii_case("TAG")
     {
         return Err(super::reject(
@@ -76,26 +77,30 @@ fn parse_pull(req: &RemotingCommand) -> Result<PullArgs, Reject> {
             .collect()
     };
     Ok(PullArgs {
-        group: req.field("consumerGroup").unwrap_or("").to_string(),
+        group: h.get(PullField::ConsumerGroup).unwrap_or("").to_string(),
         topic,
-        queue_id: num(req, "queueId")?,
+        queue_id: num_of(h.get(PullField::QueueId), "queueId")?,
         offset: offset.max(0) as u64,
         max: max.clamp(1, PULL_MAX_MESSAGES as i64) as usize,
-        sys_flag: opt_num(req, "sysFlag")?.unwrap_or(0),
-        commit_offset: opt_num(req, "commitOffset")?.unwrap_or(-1),
-        suspend_ms: opt_num::<i64>(req, "suspendTimeoutMillis")?
-            .unwrap_or(0)
-            .max(0) as u64,
+        sys_flag: opt_num_of(h.get(PullField::SysFlag), "sysFlag")?.unwrap_or(0),
+        commit_offset: opt_num_of(h.get(PullField::CommitOffset), "commitOffset")?.unwrap_or(-1),
+        suspend_ms: opt_num_of::<i64>(
+            h.get(PullField::SuspendTimeoutMillis),
+            "suspendTimeoutMillis",
+        )?
+        .unwrap_or(0)
+        .max(0) as u64,
         tags,
     })
 }
 
-/// Serves a pull: answers it, or holds it when it found nothing and may wait.
-pub(super) async fn pull(st: &NodeState, req: RemotingCommand) -> Outcome {
-    let args = match parse_pull(&req) {
+/// Serves a pull (request `code`, answered to `to`): answers it, or holds it when it
+/// found nothing and may wait.
+pub(super) async fn pull(st: &NodeState, code: i32, to: ReplyTo, h: &PullHeader<'_>) -> Outcome {
+    let args = match parse_pull(h) {
         Ok(a) => a,
         Err((code, remark)) => {
-            return Outcome::Reply(RemotingCommand::response_to(&req, code, Some(remark)));
+            return Outcome::Reply(Reply::Command(to.command(code, Some(remark))));
         }
     };
     if args.sys_flag & PULL_FLAG_COMMIT_OFFSET != 0
@@ -110,9 +115,9 @@ pub(super) async fn pull(st: &NodeState, req: RemotingCommand) -> Outcome {
         );
     }
     let seen = st.arrivals.seq(&args.topic, args.queue_id);
-    let resp = pull_once(st, &req, &args).await;
+    let resp = pull_once(st, to, &args).await;
     let suspend = args.sys_flag & PULL_FLAG_SUSPEND != 0 && args.suspend_ms > 0;
-    if resp.code == PULL_NOT_FOUND
+    if resp.code() == PULL_NOT_FOUND
         && suspend
         && st.cfg.long_polling
         && !st.shutting.load(Ordering::SeqCst)
@@ -125,7 +130,8 @@ pub(super) async fn pull(st: &NodeState, req: RemotingCommand) -> Outcome {
             let now = Instant::now();
             return Outcome::Hold(Hold {
                 _counted: counted,
-                req,
+                code,
+                to,
                 pull: args,
                 seen,
                 deadline: now
@@ -148,20 +154,19 @@ fn tag_matches(raw: &Bytes, tags: &[String]) -> bool {
 }
 
 /// One attempt at a pull, mapped to RocketMQ's response as `PullMessageProcessor`.
-async fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> RemotingCommand {
+async fn pull_once(st: &NodeState, to: ReplyTo, a: &PullArgs) -> Reply {
     let conf = match topic_conf(st, &a.topic, false) {
         Ok(c) => c,
-        Err((code, remark)) => return RemotingCommand::response_to(req, code, Some(remark)),
+        Err((code, remark)) => return Reply::Command(to.command(code, Some(remark))),
     };
     if a.queue_id < 0 || a.queue_id >= conf.read_queue_nums.max(conf.write_queue_nums) {
-        return RemotingCommand::response_to(
-            req,
+        return Reply::Command(to.command(
             SYSTEM_ERROR,
             Some(format!(
                 "queueId[{}] is illegal, topic:[{}] topicConfig.readQueueNums:[{}]",
                 a.queue_id, a.topic, conf.read_queue_nums
             )),
-        );
+        ));
     }
     let max_bytes = st.cfg.pull_max_bytes;
     let got = match local_owner(&a.topic, a.queue_id) {
@@ -179,7 +184,7 @@ async fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> Remot
     let g = match got {
         Ok(g) => g,
         Err(e) => {
-            return RemotingCommand::response_to(req, SYSTEM_ERROR, Some(e.to_string()));
+            return Reply::Command(to.command(SYSTEM_ERROR, Some(e.to_string())));
         }
     };
     let records: Vec<Bytes> = if a.tags.is_empty() {
@@ -210,24 +215,22 @@ async fn pull_once(st: &NodeState, req: &RemotingCommand, a: &PullArgs) -> Remot
         }
     };
     let suggest = suggest_broker(st, a, &records).await;
-    let mut resp =
-        RemotingCommand::response_to(req, code, (!remark.is_empty()).then(|| remark.to_string()))
-            .with_field("suggestWhichBrokerId", suggest)
-            .with_field("nextBeginOffset", g.next_begin_offset)
-            .with_field("minOffset", g.min_offset)
-            .with_field("maxOffset", g.max_offset);
     if code == SUCCESS {
         let shard = st.handle.shard_of(&a.topic, a.queue_id);
         let total: usize = records.iter().map(Bytes::len).sum();
-        let mut body = Vec::with_capacity(total);
-        for r in &records {
-            body.extend_from_slice(r);
-        }
         st.metrics.gets[shard].fetch_add(records.len() as u64, Ordering::Relaxed);
         st.metrics.get_bytes[shard].fetch_add(total as u64, Ordering::Relaxed);
-        resp.body = body.into();
     }
-    resp
+    // The records go to the socket as the store's buffers (`Reply::encode_into`).
+    Reply::Pull(PullReply {
+        code,
+        remark: (!remark.is_empty()).then_some(remark),
+        suggest_broker: suggest,
+        next_begin_offset: g.next_begin_offset,
+        min_offset: g.min_offset,
+        max_offset: g.max_offset,
+        records,
+    })
 }
 
 /// RocketMQ's `accessMessageInMemoryMaxRatio` (40%): a pull whose last record lies more
@@ -292,7 +295,9 @@ async fn suggest_broker(st: &NodeState, a: &PullArgs, records: &[Bytes]) -> u64 
 pub(crate) struct Hold {
     /// Counts this hold in `NodeState::held` while it lives.
     _counted: HeldGuard,
-    req: RemotingCommand,
+    /// The request's code, and where its answer goes.
+    code: i32,
+    to: ReplyTo,
     pull: PullArgs,
     /// The queue's arrival counter read before the first attempt.
     seen: u64,
@@ -302,12 +307,12 @@ pub(crate) struct Hold {
 impl Hold {
     /// The held request's code.
     pub(crate) fn request_code(&self) -> i32 {
-        self.req.code
+        self.code
     }
 
-    /// A `SYSTEM_ERROR` answer to the held request, remark to be filled in.
-    pub(crate) fn failure_response(&self) -> RemotingCommand {
-        RemotingCommand::response_to(&self.req, SYSTEM_ERROR, None)
+    /// Where the held request's answer goes.
+    pub(crate) fn reply_to(&self) -> ReplyTo {
+        self.to
     }
 }
 
@@ -366,13 +371,13 @@ async fn wait_dispatched(st: &NodeState, a: &PullArgs) {
 
 /// Serves a held pull: waits for an arrival in its queue (or the deadline), then
 /// answers with whatever a pull finds then.
-pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> RemotingCommand {
+pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> Reply {
     let a = &hold.pull;
     let mut seen = hold.seen;
     // A message put just before this pull may not have been dispatched yet.
     wait_dispatched(st, a).await;
-    let resp = pull_once(st, &hold.req, a).await;
-    if resp.code != PULL_NOT_FOUND {
+    let resp = pull_once(st, hold.to, a).await;
+    if resp.code() != PULL_NOT_FOUND {
         return resp;
     }
     loop {
@@ -387,8 +392,8 @@ pub(crate) async fn serve_hold(st: &NodeState, hold: Hold, how: Waiting) -> Remo
             // A put returns before dispatch makes the record visible to pulls.
             wait_dispatched(st, a).await;
         }
-        let resp = pull_once(st, &hold.req, a).await;
-        if resp.code != PULL_NOT_FOUND || done {
+        let resp = pull_once(st, hold.to, a).await;
+        if resp.code() != PULL_NOT_FOUND || done {
             return resp;
         }
     }

@@ -19,9 +19,10 @@
 //!   level the consumer asks for), `%DLQ%group` once the message failed
 //!   `maxReconsumeTimes` (16) times (see [`send_back`]).
 
+use super::reply::SendReply;
 use super::{
-    NodeState, Reject, clip, field, local_owner, num, opt_num, reject, store_error, topic_conf,
-    valid_topic,
+    NodeState, Reject, clip, field, local_owner, need, num, num_of, opt_num, opt_num_of, pool,
+    reject, store_error, topic_conf, valid_topic,
 };
 use crate::StoreOps;
 use crate::format::msg_id::MessageId;
@@ -30,49 +31,12 @@ use crate::format::record;
 use crate::message::{IllegalReason, Message, PutResult, PutStatus};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::remoting::headers::{SendField, SendHeader};
 use crate::node::state::PERM_WRITE;
 use crate::shard::shard_of_offset;
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-
-/// `SendMessageRequestHeaderV2`'s one-letter names.
-const V2_NAMES: [(&str, &str); 14] = [
-    ("a", "producerGroup"),
-    ("b", "topic"),
-    ("c", "defaultTopic"),
-    ("d", "defaultTopicQueueNums"),
-    ("e", "queueId"),
-    ("f", "sysFlag"),
-    ("g", "bornTimestamp"),
-    ("h", "flag"),
-    ("i", "properties"),
-    ("j", "reconsumeTimes"),
-    ("k", "unitMode"),
-    ("l", "maxReconsumeTimes"),
-    ("m", "batch"),
-    ("n", "brokerName"),
-];
-
-/// The request with V2 one-letter header names turned into the long ones.
-fn long_names(req: &RemotingCommand) -> RemotingCommand {
-    if req.field("topic").is_some() || req.field("b").is_none() {
-        return req.clone();
-    }
-    let mut r = req.clone();
-    for (k, _) in r.ext_fields.iter_mut() {
-        if let Some((_, long)) = V2_NAMES.iter().find(|(short, _)| short == k) {
-            *k = long.to_string();
-        }
-    }
-    r
-}
-
-fn parse_properties(s: &str) -> Vec<(String, String)> {
-    properties::iter(s.as_bytes())
-        .map(|(n, v)| (n.to_string(), v.to_string()))
-        .collect()
-}
 
 /// Maps a store status to RocketMQ's response code and remark.
 fn put_code(status: PutStatus) -> (i32, Option<String>) {
@@ -129,15 +93,13 @@ fn put_code(status: PutStatus) -> (i32, Option<String>) {
     }
 }
 
-/// One message of a batch body: flag, body, properties.
-type BatchItem = (i32, Bytes, Vec<(String, String)>);
-
 /// Decodes a batch body (RocketMQ's `MessageDecoder.encodeMessages`): per message
 /// total size, magic, body CRC, flag (i32 each), body length (i32), body, properties
-/// length (i16), properties.
-fn decode_batch(body: &Bytes) -> Result<Vec<BatchItem>, Reject> {
+/// length (i16), properties. Calls `each(flag, body, properties)` per message, in
+/// order; returns how many.
+fn decode_batch(body: &Bytes, mut each: impl FnMut(i32, Bytes, &str)) -> Result<usize, Reject> {
     let bad = |why: &str| reject(MESSAGE_ILLEGAL, format!("bad batch body: {why}"));
-    let mut out = Vec::new();
+    let mut n = 0;
     let mut at = 0usize;
     let be32 = |b: &[u8], at: usize| -> Option<i32> {
         Some(i32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
@@ -162,39 +124,116 @@ fn decode_batch(body: &Bytes) -> Result<Vec<BatchItem>, Reject> {
         }
         let props =
             std::str::from_utf8(&body[pstart..end]).map_err(|_| bad("properties are not UTF-8"))?;
-        out.push((flag, body.slice(bstart..bend), parse_properties(props)));
+        each(flag, body.slice(bstart..bend), props);
+        n += 1;
         at = end;
     }
-    if out.is_empty() {
+    if n == 0 {
         return Err(bad("no messages"));
     }
-    Ok(out)
+    Ok(n)
 }
 
+/// The fields every message of one send request shares.
+struct SendBase<'a> {
+    topic: &'a str,
+    queue_id: i32,
+    born: i64,
+    peer: SocketAddr,
+    sys_flag: i32,
+    reconsume: i32,
+}
+
+impl SendBase<'_> {
+    /// Sets `m` to this request's message with `flag`, `body` and the properties text
+    /// `props`, reusing `m`'s strings.
+    fn fill(&self, m: &mut Message, flag: i32, body: Bytes, props: &str) {
+        pool::set_string(&mut m.topic, self.topic);
+        m.queue_id = self.queue_id;
+        m.flag = flag;
+        m.body = body;
+        pool::set_properties(&mut m.properties, props);
+        m.born_timestamp_ms = self.born;
+        m.born_host = self.peer;
+        m.sys_flag = self.sys_flag;
+        m.reconsume_times = self.reconsume;
+        m.prepared_transaction_offset = 0;
+    }
+}
+
+/// Puts a batch request's messages (one queue, one `put_batch`): the first result and
+/// every stored message's id.
+async fn put_batch(
+    st: &NodeState,
+    base: &SendBase<'_>,
+    body: &Bytes,
+) -> Result<(PutResult, Vec<MessageId>, u64, u64), Reject> {
+    let mut batch = pool::PooledBatch::take();
+    let msgs = batch.messages();
+    let mut k = 0;
+    let mut bytes = 0u64;
+    decode_batch(body, |flag, b, props| {
+        bytes += b.len() as u64;
+        if k == msgs.len() {
+            msgs.push(pool::PooledMessage::take().into_inner());
+        }
+        base.fill(&mut msgs[k], flag, b, props);
+        k += 1;
+    })?;
+    msgs.truncate(k);
+    if msgs
+        .iter()
+        .any(|m| is_transactional(m.sys_flag, &m.properties))
+    {
+        return Err(reject(
+            MESSAGE_ILLEGAL,
+            "a batch cannot hold transactional (TRAN_MSG) messages; nothing was stored",
+        ));
+    }
+    let n = k as u64;
+    let refused = || PutResult::refused(PutStatus::ServiceNotAvailable);
+    let (first, ids) = match local_owner(base.topic, base.queue_id) {
+        Some(store) => {
+            let mut r = store.put_batch(msgs).await;
+            let ids = std::mem::take(&mut r.msg_ids);
+            (r, ids)
+        }
+        None => {
+            let rs = st.handle.put_batch(batch.into_inner()).await;
+            let ids = rs.iter().flat_map(|r| r.msg_ids.iter().copied()).collect();
+            (rs.into_iter().next().unwrap_or_else(refused), ids)
+        }
+    };
+    Ok((first, ids, bytes, n))
+}
+
+/// A send (codes 10, 310, 320): the message, or a batch when the request says so,
+/// put to its queue.
 pub(super) async fn send(
     st: &NodeState,
-    req: &RemotingCommand,
+    code: i32,
+    h: &SendHeader<'_>,
+    body: &Bytes,
     peer: SocketAddr,
-) -> Result<RemotingCommand, Reject> {
-    let h = long_names(req);
-    let topic = field(&h, "topic")?.to_string();
-    if !valid_topic(&topic) {
+) -> Result<SendReply, Reject> {
+    let topic = need(h.get(SendField::Topic), "topic")?;
+    if !valid_topic(topic) {
         return Err(reject(
             MESSAGE_ILLEGAL,
             format!(
                 "topic \"{}\" is not a valid topic name ([%|a-zA-Z0-9_-]{{1,127}})",
-                clip(&topic)
+                clip(topic)
             ),
         ));
     }
-    let conf = topic_conf(st, &topic, true)?;
+    let conf = topic_conf(st, topic, true)?;
     if conf.perm & PERM_WRITE == 0 {
         return Err(reject(
             NO_PERMISSION,
             format!("the topic[{topic}] sending message is forbidden"),
         ));
     }
-    let mut queue_id: i32 = num(&h, "queueId")?;
+    let mut queue_id: i32 = num_of(h.get(SendField::QueueId), "queueId")?;
     // A topic may have no write queues (RocketMQ drains a topic so): no queue to pick.
     if conf.write_queue_nums <= 0 {
         return Err(reject(
@@ -219,13 +258,80 @@ pub(super) async fn send(
             ),
         ));
     }
-    let sys_flag: i32 = opt_num(&h, "sysFlag")?.unwrap_or(0);
-    let born: i64 = opt_num(&h, "bornTimestamp")?.unwrap_or_else(crate::now_ms);
-    let flag: i32 = opt_num(&h, "flag")?.unwrap_or(0);
-    let reconsume: i32 = opt_num(&h, "reconsumeTimes")?.unwrap_or(0);
-    let props = parse_properties(h.field("properties").unwrap_or(""));
-    let transactional = is_transactional(sys_flag, &props);
-    if transactional && st.cfg.reject_transaction_message {
+    let sys_flag: i32 = opt_num_of(h.get(SendField::SysFlag), "sysFlag")?.unwrap_or(0);
+    let born: i64 =
+        opt_num_of(h.get(SendField::BornTimestamp), "bornTimestamp")?.unwrap_or_else(crate::now_ms);
+    let flag: i32 = opt_num_of(h.get(SendField::Flag), "flag")?.unwrap_or(0);
+    let reconsume: i32 =
+        opt_num_of(h.get(SendField::ReconsumeTimes), "reconsumeTimes")?.unwrap_or(0);
+    let base = SendBase {
+        topic,
+        queue_id,
+        born,
+        peer,
+        sys_flag,
+        reconsume,
+    };
+    let shard = st.handle.shard_of(topic, queue_id);
+    // The C++ client sends batches as SEND_MESSAGE with `batch = 1`.
+    let batch = code == SEND_BATCH_MESSAGE
+        || h.get(SendField::Batch)
+            .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
+    let began = std::time::Instant::now();
+    let mut transactional = false;
+    let (result, ids, bytes, n) = if batch {
+        put_batch(st, &base, body).await?
+    } else {
+        let mut msg = pool::PooledMessage::take();
+        let props = h.get(SendField::Properties).unwrap_or("");
+        base.fill(&mut msg, flag, body.clone(), props);
+        transactional = is_transactional(sys_flag, &msg.properties);
+        let mut r = if transactional {
+            refuse_transactional(st)?;
+            // A half message waits in the half topic (`crate::transaction`).
+            let half = crate::transaction::half(msg.into_inner());
+            match local_owner(&half.topic, half.queue_id) {
+                Some(store) => store.put(&half).await,
+                None => st.handle.put(half).await,
+            }
+        } else {
+            match local_owner(topic, queue_id) {
+                Some(store) => store.put(&msg).await,
+                None => st.handle.put(msg.into_inner()).await,
+            }
+        };
+        let ids = std::mem::take(&mut r.msg_ids);
+        (r, ids, body.len() as u64, 1)
+    };
+    st.metrics.put_took(shard, began.elapsed());
+    let (code, remark) = put_code(result.status);
+    if !result.status.is_stored() {
+        return Err(reject(code, remark.unwrap_or_default()));
+    }
+    st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
+    st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
+    if !transactional {
+        st.arrivals.arrived(topic, queue_id);
+    }
+    let mut ids = ids;
+    if !batch {
+        // A single send answers its first id (none: an empty id, as before).
+        ids.truncate(1);
+    }
+    // A half message's queueOffset is its place in the half queue
+    // (END_TRANSACTION's tranStateTableOffset), as RocketMQ answers.
+    Ok(SendReply {
+        code,
+        remark,
+        ids,
+        queue_id,
+        queue_offset: result.queue_offset,
+    })
+}
+
+/// Refuses a half message under `reject_transaction_message`.
+fn refuse_transactional(st: &NodeState) -> Result<(), Reject> {
+    if st.cfg.reject_transaction_message {
         return Err(reject(
             NO_PERMISSION,
             format!(
@@ -235,86 +341,7 @@ pub(super) async fn send(
             ),
         ));
     }
-    let base = |flag: i32, body: Bytes, properties: Vec<(String, String)>| Message {
-        topic: topic.clone(),
-        queue_id,
-        flag,
-        body,
-        properties,
-        born_timestamp_ms: born,
-        born_host: peer,
-        sys_flag,
-        reconsume_times: reconsume,
-        prepared_transaction_offset: 0,
-    };
-    let shard = st.handle.shard_of(&topic, queue_id);
-    // The C++ client sends batches as SEND_MESSAGE with `batch = 1`.
-    let batch = req.code == SEND_BATCH_MESSAGE
-        || h.field("batch")
-            .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
-    let (result, ids, bytes, n) = if batch {
-        let items = decode_batch(&h.body)?;
-        if transactional || items.iter().any(|(_, _, p)| is_transactional(0, p)) {
-            return Err(reject(
-                MESSAGE_ILLEGAL,
-                "a batch cannot hold transactional (TRAN_MSG) messages; nothing was stored",
-            ));
-        }
-        let msgs: Vec<Message> = items.into_iter().map(|(f, b, p)| base(f, b, p)).collect();
-        let n = msgs.len() as u64;
-        let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
-        let began = std::time::Instant::now();
-        let rs = match local_owner(&topic, queue_id) {
-            Some(store) => vec![store.put_batch(&msgs).await],
-            None => st.handle.put_batch(msgs).await,
-        };
-        st.metrics.put_took(shard, began.elapsed());
-        let ids: Vec<String> = rs
-            .iter()
-            .flat_map(|r| r.msg_ids.iter().map(MessageId::to_string))
-            .collect();
-        let first = rs.into_iter().next().unwrap_or_else(|| PutResult {
-            status: PutStatus::ServiceNotAvailable,
-            log_offset: 0,
-            wrote_bytes: 0,
-            queue_offset: 0,
-            msg_ids: Vec::new(),
-            store_timestamp_ms: 0,
-        });
-        (first, ids.join(","), bytes, n)
-    } else {
-        let bytes = h.body.len() as u64;
-        let mut msg = base(flag, h.body.clone(), props);
-        if transactional {
-            // A half message waits in the half topic (`crate::transaction`).
-            msg = crate::transaction::half(msg);
-        }
-        let began = std::time::Instant::now();
-        let r = match local_owner(&msg.topic, msg.queue_id) {
-            Some(store) => store.put(msg).await,
-            None => st.handle.put(msg).await,
-        };
-        st.metrics.put_took(shard, began.elapsed());
-        let ids = r.msg_ids.first().map(|i| i.to_string()).unwrap_or_default();
-        (r, ids, bytes, 1)
-    };
-    let (code, remark) = put_code(result.status);
-    if !result.status.is_stored() {
-        return Err(reject(code, remark.unwrap_or_default()));
-    }
-    st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
-    st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
-    if !transactional {
-        st.arrivals.arrived(&topic, queue_id);
-    }
-    // A half message's queueOffset is its place in the half queue
-    // (END_TRANSACTION's tranStateTableOffset), as RocketMQ answers.
-    Ok(RemotingCommand::response_to(req, code, remark)
-        .with_field("msgId", ids)
-        .with_field("queueId", queue_id)
-        .with_field("queueOffset", result.queue_offset)
-        .with_field("MSG_REGION", "DefaultRegion")
-        .with_field("TRACE_ON", "true"))
+    Ok(())
 }
 
 /// A half message of a transaction: the prepared type in `sysFlag` or `TRAN_MSG`
@@ -447,16 +474,24 @@ mod tests {
         out
     }
 
+    /// The batch's messages: flag, body, properties text.
+    fn decode_all(body: &Bytes) -> Result<Vec<(i32, Bytes, String)>, Reject> {
+        let mut out = Vec::new();
+        let n = decode_batch(body, |f, b, p| out.push((f, b, p.to_string())))?;
+        assert_eq!(n, out.len());
+        Ok(out)
+    }
+
     #[test]
     fn batch_round_trip() {
         let wire = encode_batch(&[(1, b"a", "KEYS\u{1}k\u{2}"), (0, b"", "")]);
-        let got = decode_batch(&Bytes::from(wire)).unwrap();
+        let got = decode_all(&Bytes::from(wire)).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].0, 1);
         assert_eq!(&got[0].1[..], b"a");
-        assert_eq!(got[0].2, vec![("KEYS".to_string(), "k".to_string())]);
+        assert_eq!(got[0].2, "KEYS\u{1}k\u{2}");
         assert!(got[1].1.is_empty());
-        assert!(decode_batch(&Bytes::new()).is_err());
+        assert!(decode_all(&Bytes::new()).is_err());
     }
 
     /// A put stored with its durability unknown (flush timed out or failed) answers
@@ -470,22 +505,10 @@ mod tests {
         assert_eq!(put_code(PutStatus::PutOk).0, SUCCESS);
     }
 
-    #[test]
-    fn v2_names_become_long_names() {
-        let req = RemotingCommand::request(
-            SEND_MESSAGE_V2,
-            1,
-            vec![("b".into(), "T".into()), ("e".into(), "3".into())],
-        );
-        let long = long_names(&req);
-        assert_eq!(long.field("topic"), Some("T"));
-        assert_eq!(long.field("queueId"), Some("3"));
-    }
-
     proptest! {
         #[test]
         fn batch_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_batch(&Bytes::from(bytes));
+            let _ = decode_all(&Bytes::from(bytes));
         }
 
         #[test]
@@ -497,7 +520,7 @@ mod tests {
             let mut wire = encode_batch(&[(0, &body, "KEYS\u{1}x\u{2}"), (0, b"b", "")]);
             let i = at % wire.len();
             wire[i] = value;
-            let _ = decode_batch(&Bytes::from(wire));
+            let _ = decode_all(&Bytes::from(wire));
         }
     }
 }

@@ -23,7 +23,12 @@
 
 mod binary_header;
 pub mod codes;
+pub mod encode;
+pub mod headers;
 mod json_header;
+#[doc(hidden)]
+pub mod oracle;
+pub mod scan;
 
 use bytes::Bytes;
 use std::fmt;
@@ -212,18 +217,24 @@ impl RemotingCommand {
 
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_head_into(&mut out);
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Appends the frame without its body (whose length it states) to `out`.
+    pub fn encode_head_into(&self, out: &mut Vec<u8>) {
         let header = match self.serialize_type {
             SerializeType::Json => json_header::encode(self),
             SerializeType::RocketMq => binary_header::encode(self),
         };
         let length = HEADER_WORD + header.len() + self.body.len();
-        let mut out = Vec::with_capacity(LENGTH_PREFIX + length);
+        out.reserve(LENGTH_PREFIX + HEADER_WORD + header.len());
         out.extend_from_slice(&(length as u32).to_be_bytes());
         let word = ((self.serialize_type as u32) << 24) | (header.len() as u32 & 0x00FF_FFFF);
         out.extend_from_slice(&word.to_be_bytes());
         out.extend_from_slice(&header);
-        out.extend_from_slice(&self.body);
-        out
     }
 }
 

@@ -194,8 +194,14 @@ pub struct LoadConfig {
     /// instead of an embedded store (see `coremq::tools::loadgen::remote`); uses --topics,
     /// --queues, --body, --producers (connections), --outstanding, --duration or
     /// --messages, --consumers (read back), --json, --label
+    /// (`echo`: a loopback TCP echo server in this process instead, the floor a node's
+    /// round trip is compared with)
     #[arg(long, value_name = "HOST:PORT")]
     pub target: Option<String>,
+    /// With --target: the header format of the requests (RocketMQ's `serializeType`;
+    /// the node answers in the format asked in)
+    #[arg(long, value_enum, default_value_t = HeaderFormat::Json)]
+    pub header_format: HeaderFormat,
     /// What to do: produce, or work on the store a produce run kept in --data-dir
     #[arg(long, value_enum, default_value_t = Mode::Produce)]
     pub mode: Mode,
@@ -262,6 +268,16 @@ impl Via {
             Via::Handle => "handle",
         }
     }
+}
+
+/// A remote run's request header format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum HeaderFormat {
+    /// JSON, what RocketMQ's clients send by default
+    #[default]
+    Json,
+    /// RocketMQ's binary layout (`serializeTypeCurrentRPC = ROCKETMQ`)
+    Rocketmq,
 }
 
 /// The store's [`SyncFlushIo`], as a command-line value.

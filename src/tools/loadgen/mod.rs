@@ -90,7 +90,7 @@ mod report;
 mod run;
 mod svg;
 
-pub use config::{BodySize, Flush, LoadConfig, Mode, SyncIo, Via};
+pub use config::{BodySize, Flush, HeaderFormat, LoadConfig, Mode, SyncIo, Via};
 pub use measure::{allowed_cpus, now_ns};
 pub use report::{PERCENTILES, Report};
 pub use run::{run, run_and_report};

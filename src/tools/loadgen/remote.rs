@@ -1,26 +1,46 @@
 //! `coremq bench --target host:port`: drives a running node through RocketMQ's
 //! remoting protocol (the same load-generator arguments as the embedded bench).
 //!
-//! Each producer is one connection with a writer thread and a reader thread: the
-//! writer keeps up to `--outstanding` `SEND_MESSAGE_V2` requests in flight (a token
-//! channel), the reader matches responses by opaque and records the round-trip
-//! latency. Topics are created first (`UPDATE_AND_CREATE_TOPIC`) with `--queues`
-//! queues; messages go round robin over topics and queues. With `--consumers`, every
-//! queue is then read back with `PULL_MESSAGE` and the count checked.
+//! Each producer is one connection with a writer thread and a reader thread (one
+//! thread doing both with `--outstanding 1`): the writer keeps up to `--outstanding`
+//! `SEND_MESSAGE_V2` requests in flight (with
+//! `--batch N`, `SEND_BATCH_MESSAGE` requests of N messages to one queue), the reader
+//! matches responses by opaque and records the round-trip latency. Topics are created
+//! first (`UPDATE_AND_CREATE_TOPIC`) with `--queues` queues; messages go round robin
+//! over topics and queues. With `--consumers`, every queue is then read back with
+//! `PULL_MESSAGE` (32 per request, one pull in flight per queue) and the count checked.
+//!
+//! The client shares the machine with the node it measures, so it is lean (issue 20):
+//! requests are encoded straight into one reused buffer per producer
+//! (`remoting::encode`), as many as the free in-flight slots allow per `write`;
+//! responses are read into one reused buffer and only their code and opaque are read,
+//! in place (`remoting::scan`); nothing is allocated per message once warm.
+//!
+//! `--target echo` runs the same producers against a loopback TCP echo server in this
+//! process (a thread per connection that writes back what it reads): the floor a
+//! node's round trip is compared with. Every echoed frame counts as acknowledged.
 
 use crate::node::remoting::codes::*;
-use crate::node::remoting::{self, RemotingCommand};
-use crate::tools::loadgen::LoadConfig;
+use crate::node::remoting::encode::{FieldValue, FrameHead, encode_frame};
+use crate::node::remoting::scan::HeaderView;
+use crate::node::remoting::{self, HEADER_WORD, LENGTH_PREFIX, RemotingCommand, SerializeType};
+use crate::tools::loadgen::{HeaderFormat, LoadConfig};
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::io::{BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MAX_RESPONSE: usize = 64 << 20;
+
+/// Most requests one `write` carries.
+const MAX_BURST: usize = 64;
+
+/// A producer's read buffer (it grows for a frame that does not fit).
+const READ_BUF: usize = 256 << 10;
 
 fn read_response(r: &mut impl Read) -> Result<RemotingCommand, String> {
     let mut prefix = [0u8; 4];
@@ -49,12 +69,39 @@ fn topic_name(t: u32) -> String {
     format!("BenchTopic{t}")
 }
 
-fn body(cfg: &LoadConfig, i: u64) -> Vec<u8> {
+/// Message `i`'s body length.
+fn body_len(cfg: &LoadConfig, i: u64) -> usize {
     let span = (cfg.body.max - cfg.body.min) as u64 + 1;
     let len = cfg.body.min + (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % span) as usize;
-    let mut b = vec![b'x'; len.max(8)];
-    b[..8].copy_from_slice(&i.to_be_bytes());
-    b
+    len.max(8)
+}
+
+/// Appends message `i`'s body: its number, then `x`s.
+fn push_body(out: &mut Vec<u8>, len: usize, i: u64) {
+    let at = out.len();
+    out.resize(at + len, b'x');
+    out[at..at + 8].copy_from_slice(&i.to_be_bytes());
+}
+
+/// Sets `props` to message `i`'s properties (RocketMQ's `name\x01value\x02` text):
+/// `--keys` keys.
+fn set_props(props: &mut String, keys: u32, i: u64) {
+    use std::fmt::Write as _;
+    props.clear();
+    if keys == 0 {
+        return;
+    }
+    props.push_str("KEYS\u{1}");
+    for k in 0..keys {
+        if k > 0 {
+            props.push(' ');
+        }
+        let _ = write!(props, "bench-{i}");
+        if k > 0 {
+            let _ = write!(props, "-{k}");
+        }
+    }
+    props.push('\u{2}');
 }
 
 struct Shared {
@@ -66,81 +113,217 @@ struct Shared {
     failed: AtomicU64,
     bytes: AtomicU64,
     hist: Mutex<Histogram<u64>>,
+    /// Every frame that comes back counts (the echo server answers with the request).
+    echo: bool,
 }
 
 impl Shared {
-    /// The next message number to send, or `None` when done.
-    fn take(&self) -> Option<u64> {
+    /// The first of the next `n` message numbers and how many of them to send, or
+    /// `None` when done.
+    fn take(&self, n: u64) -> Option<(u64, u64)> {
         if self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        let i = self.next.fetch_add(n, Ordering::Relaxed);
         match self.limit {
-            Some(n) if i >= n => None,
-            _ => Some(i),
+            Some(limit) if i >= limit => None,
+            Some(limit) => Some((i, n.min(limit - i))),
+            None => Some((i, n)),
         }
     }
+}
+
+/// A producer's requests, encoded into one reused buffer.
+struct Encoder {
+    topics: Vec<String>,
+    queues: u64,
+    keys: u32,
+    batch: u64,
+    kind: SerializeType,
+    props: String,
+    out: Vec<u8>,
+}
+
+impl Encoder {
+    /// Appends the request for messages `first..first + n` (one send, or one batch
+    /// to the first message's queue); returns the body bytes.
+    fn push(&mut self, cfg: &LoadConfig, opaque: i32, first: u64, n: u64) -> u64 {
+        let topics = self.topics.len() as u64;
+        let topic = &self.topics[(first % topics) as usize];
+        let queue = ((first / topics) % self.queues) as i64;
+        let batch = self.batch > 1;
+        let mut body_bytes = 0u64;
+        let mut wire_len = 0usize;
+        if batch {
+            for i in first..first + n {
+                set_props(&mut self.props, self.keys, i);
+                let len = body_len(cfg, i);
+                body_bytes += len as u64;
+                wire_len += 20 + len + 2 + self.props.len();
+            }
+            self.props.clear();
+        } else {
+            set_props(&mut self.props, self.keys, first);
+            wire_len = body_len(cfg, first);
+            body_bytes = wire_len as u64;
+        }
+        let fields = [
+            ("a", FieldValue::Str("bench-producer")),
+            ("b", FieldValue::Str(topic)),
+            ("c", FieldValue::Str("TBW102")),
+            ("d", FieldValue::Int(4)),
+            ("e", FieldValue::Int(queue)),
+            ("f", FieldValue::Int(0)),
+            ("g", FieldValue::Int(crate::now_ms())),
+            ("h", FieldValue::Int(0)),
+            ("i", FieldValue::Str(&self.props)),
+            ("j", FieldValue::Int(0)),
+            ("m", FieldValue::Str(if batch { "true" } else { "false" })),
+        ];
+        let head = FrameHead {
+            code: if batch {
+                SEND_BATCH_MESSAGE
+            } else {
+                SEND_MESSAGE_V2
+            },
+            flag: 0,
+            opaque,
+            serialize_type: self.kind,
+            remark: None,
+            fields: &fields,
+        };
+        encode_frame(&mut self.out, &head, wire_len);
+        if batch {
+            // RocketMQ's `MessageDecoder.encodeMessages`: size, magic, body CRC, flag,
+            // body length, body, properties length, properties.
+            for i in first..first + n {
+                set_props(&mut self.props, self.keys, i);
+                let len = body_len(cfg, i);
+                let size = 20 + len + 2 + self.props.len();
+                self.out.extend_from_slice(&(size as i32).to_be_bytes());
+                self.out.extend_from_slice(&[0; 8]);
+                self.out.extend_from_slice(&0i32.to_be_bytes());
+                self.out.extend_from_slice(&(len as i32).to_be_bytes());
+                push_body(&mut self.out, len, i);
+                self.out
+                    .extend_from_slice(&(self.props.len() as i16).to_be_bytes());
+                self.out.extend_from_slice(self.props.as_bytes());
+            }
+        } else {
+            push_body(&mut self.out, wire_len, first);
+        }
+        body_bytes
+    }
+}
+
+/// Requests in flight: opaque -> (sent at, messages).
+type InFlight = Mutex<HashMap<i32, (Instant, u64)>>;
+
+fn encoder(cfg: &LoadConfig) -> Encoder {
+    Encoder {
+        topics: (0..cfg.topics.max(1)).map(topic_name).collect(),
+        queues: cfg.queues.max(1) as u64,
+        keys: cfg.keys,
+        batch: cfg.batch.max(1) as u64,
+        kind: match cfg.header_format {
+            HeaderFormat::Json => SerializeType::Json,
+            HeaderFormat::Rocketmq => SerializeType::RocketMq,
+        },
+        props: String::new(),
+        out: Vec::with_capacity(MAX_BURST * (cfg.body.max + 512)),
+    }
+}
+
+/// One request in flight: one thread writes a request and reads its response (no
+/// hand-off between a writer and a reader thread on the round trip).
+fn producer_one(cfg: &LoadConfig, mut s: TcpStream, sh: &Shared) -> Result<(), String> {
+    let mut enc = encoder(cfg);
+    let mut responses = Responses::new();
+    let sent: InFlight = Mutex::new(HashMap::with_capacity(2));
+    let mut hist = Histogram::<u64>::new(3).expect("histogram");
+    let mut seq: i32 = 0;
+    while let Some((first, n)) = sh.take(enc.batch) {
+        seq = seq.wrapping_add(1) & i32::MAX;
+        enc.out.clear();
+        let bytes = enc.push(cfg, seq, first, n);
+        sent.lock()
+            .expect("sent map")
+            .insert(seq, (Instant::now(), n));
+        if s.write_all(&enc.out).is_err() {
+            sh.failed.fetch_add(n, Ordering::Relaxed);
+            break;
+        }
+        sh.bytes.fetch_add(bytes, Ordering::Relaxed);
+        loop {
+            let Some((code, opaque)) = responses.next(&mut s) else {
+                sh.failed.fetch_add(n, Ordering::Relaxed);
+                let _ = sh.hist.lock().expect("histogram").add(&hist);
+                return Ok(());
+            };
+            if settle(&sent, sh, &mut hist, code, opaque) {
+                break;
+            }
+        }
+    }
+    let _ = sh.hist.lock().expect("histogram").add(&hist);
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    Ok(())
 }
 
 fn producer(cfg: &LoadConfig, target: &str, sh: &Arc<Shared>) -> Result<(), String> {
     let s = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
     let _ = s.set_nodelay(true);
-    let mut reader = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
-    let (tokens_tx, tokens_rx) = flume::bounded::<()>(cfg.outstanding as usize);
-    let sent: Arc<Mutex<HashMap<i32, Instant>>> = Arc::default();
+    if cfg.outstanding == 1 {
+        return producer_one(cfg, s, sh);
+    }
+    let reader = s.try_clone().map_err(|e| e.to_string())?;
+    let outstanding = cfg.outstanding as usize;
+    let (tokens_tx, tokens_rx) = flume::bounded::<()>(outstanding);
+    let sent: Arc<InFlight> = Arc::new(Mutex::new(HashMap::with_capacity(outstanding * 2)));
     let sent2 = sent.clone();
     let sh2 = sh.clone();
     let reader_thread = std::thread::spawn(move || {
         let mut local = Histogram::<u64>::new(3).expect("histogram");
-        loop {
-            let Ok(r) = read_response(&mut reader) else {
-                break;
-            };
-            let Some(t0) = sent2.lock().expect("sent map").remove(&r.opaque) else {
-                continue;
-            };
-            let _ = local.record(t0.elapsed().as_micros() as u64);
-            if r.code == SUCCESS {
-                sh2.ok.fetch_add(1, Ordering::Relaxed);
-            } else {
-                sh2.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            let _ = tokens_rx.try_recv();
-        }
+        read_responses(reader, &sent2, &sh2, &tokens_rx, &mut local);
         let _ = sh2.hist.lock().expect("histogram").add(&local);
     });
     let mut w = s;
-    let topics = cfg.topics.max(1);
-    let queues = cfg.queues.max(1);
-    while let Some(i) = sh.take() {
-        if tokens_tx.send(()).is_err() {
+    let mut enc = encoder(cfg);
+    let mut seq: i32 = 0;
+    let mut done = false;
+    while !done {
+        enc.out.clear();
+        let mut bytes = 0;
+        let mut burst = 0;
+        while burst < MAX_BURST {
+            // Wait for a free slot for the first request; take only free ones after.
+            let slot = if burst == 0 {
+                tokens_tx.send(()).is_ok()
+            } else {
+                tokens_tx.try_send(()).is_ok()
+            };
+            if !slot {
+                break;
+            }
+            let Some((first, n)) = sh.take(enc.batch) else {
+                done = true;
+                break;
+            };
+            seq = seq.wrapping_add(1) & i32::MAX;
+            bytes += enc.push(cfg, seq, first, n);
+            sent.lock()
+                .expect("sent map")
+                .insert(seq, (Instant::now(), n));
+            burst += 1;
+        }
+        if burst == 0 {
             break;
         }
-        let topic = topic_name((i % topics as u64) as u32);
-        let queue = ((i / topics as u64) % queues as u64).to_string();
-        let b = body(cfg, i);
-        let fields = vec![
-            ("a".to_string(), "bench-producer".to_string()),
-            ("b".into(), topic),
-            ("c".into(), "TBW102".into()),
-            ("d".into(), "4".into()),
-            ("e".into(), queue),
-            ("f".into(), "0".into()),
-            ("g".into(), crate::now_ms().to_string()),
-            ("h".into(), "0".into()),
-            ("i".into(), format!("KEYS\u{1}bench-{i}\u{2}")),
-            ("j".into(), "0".into()),
-        ];
-        let opaque = (i % i32::MAX as u64) as i32;
-        let req = RemotingCommand::request(SEND_MESSAGE_V2, opaque, fields).with_body(b.clone());
-        sent.lock()
-            .expect("sent map")
-            .insert(opaque, Instant::now());
-        if w.write_all(&req.encode()).is_err() {
-            sh.failed.fetch_add(1, Ordering::Relaxed);
+        if w.write_all(&enc.out).is_err() {
+            sh.failed.fetch_add(burst as u64, Ordering::Relaxed);
             break;
         }
-        sh.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+        sh.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
     // Wait for the responses still in flight.
     let drain = Instant::now() + Duration::from_secs(30);
@@ -152,51 +335,239 @@ fn producer(cfg: &LoadConfig, target: &str, sh: &Arc<Shared>) -> Result<(), Stri
     Ok(())
 }
 
-/// Reads every queue back from offset 0; the messages found.
-fn read_back(cfg: &LoadConfig, target: &str) -> Result<u64, String> {
-    let mut s = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
-    let mut total = 0;
-    for t in 0..cfg.topics.max(1) {
-        for q in 0..cfg.queues.max(1) {
-            let mut offset = 0u64;
-            loop {
-                let f = |k: &str, v: String| (k.to_string(), v);
-                let r = call(
-                    &mut s,
-                    PULL_MESSAGE,
-                    vec![
-                        f("consumerGroup", "bench-consumer".into()),
-                        f("topic", topic_name(t)),
-                        f("queueId", q.to_string()),
-                        f("queueOffset", offset.to_string()),
-                        f("maxMsgNums", "32".into()),
-                        f("sysFlag", "0".into()),
-                    ],
-                )?;
-                if r.code != SUCCESS {
-                    break;
+/// Responses read into one reused buffer: every whole frame of a read, its code and
+/// opaque read in place.
+struct Responses {
+    buf: Vec<u8>,
+    start: usize,
+    filled: usize,
+}
+
+impl Responses {
+    fn new() -> Responses {
+        Responses {
+            buf: vec![0u8; READ_BUF],
+            start: 0,
+            filled: 0,
+        }
+    }
+
+    /// The next response's code and opaque; `None` when the connection ends or sends
+    /// a malformed frame.
+    fn next(&mut self, r: &mut TcpStream) -> Option<(i32, i32)> {
+        code_and_opaque(self.next_frame(r)?)
+    }
+
+    /// The next response frame (the bytes after its length prefix); `None` when the
+    /// connection ends or sends a malformed length.
+    fn next_frame(&mut self, r: &mut TcpStream) -> Option<&[u8]> {
+        loop {
+            if let Some(prefix) = self.buf[self.start..self.filled].first_chunk::<4>() {
+                let whole = LENGTH_PREFIX + remoting::check_length(*prefix, MAX_RESPONSE).ok()?;
+                if self.filled - self.start >= whole {
+                    let at = self.start;
+                    self.start += whole;
+                    return Some(&self.buf[at + LENGTH_PREFIX..at + whole]);
                 }
-                let mut at = 0usize;
-                while at + 4 <= r.body.len() {
-                    let size = u32::from_be_bytes(r.body[at..at + 4].try_into().expect("4 bytes"));
-                    at += size.max(4) as usize;
-                    total += 1;
+                if whole > self.buf.len() {
+                    self.buf.resize(whole, 0);
                 }
-                offset = r
-                    .field("nextBeginOffset")
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("a pull response without nextBeginOffset")?;
+            }
+            // Keep the partial frame, at the front when the buffer's end is near.
+            if self.start == self.filled {
+                (self.start, self.filled) = (0, 0);
+            } else if self.buf.len() - self.filled < READ_BUF / 4 || self.filled == self.buf.len() {
+                self.buf.copy_within(self.start..self.filled, 0);
+                (self.start, self.filled) = (0, self.filled - self.start);
+            }
+            match r.read(&mut self.buf[self.filled..]) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.filled += n,
             }
         }
     }
+}
+
+/// Counts a response to a request in `sent`; whether it was one.
+fn settle(sent: &InFlight, sh: &Shared, hist: &mut Histogram<u64>, code: i32, opaque: i32) -> bool {
+    let Some((t0, n)) = sent.lock().expect("sent map").remove(&opaque) else {
+        return false;
+    };
+    let _ = hist.record(t0.elapsed().as_micros() as u64);
+    if code == SUCCESS || sh.echo {
+        sh.ok.fetch_add(n, Ordering::Relaxed);
+    } else {
+        sh.failed.fetch_add(n, Ordering::Relaxed);
+    }
+    true
+}
+
+/// Reads responses until the connection ends, freeing an in-flight slot for each.
+fn read_responses(
+    mut r: TcpStream,
+    sent: &InFlight,
+    sh: &Shared,
+    tokens: &flume::Receiver<()>,
+    hist: &mut Histogram<u64>,
+) {
+    let mut responses = Responses::new();
+    while let Some((code, opaque)) = responses.next(&mut r) {
+        if settle(sent, sh, hist, code, opaque) {
+            let _ = tokens.try_recv();
+        }
+    }
+}
+
+/// A response's code and opaque (the bytes after its length prefix), read in place;
+/// through the general decoder when the in-place reader declines the header.
+fn code_and_opaque(frame: &[u8]) -> Option<(i32, i32)> {
+    let word = u32::from_be_bytes(*frame.first_chunk::<4>()?);
+    let header = frame.get(HEADER_WORD..HEADER_WORD + (word & 0x00FF_FFFF) as usize)?;
+    match HeaderView::parse((word >> 24) as u8, header) {
+        Ok(v) => Some((v.code, v.opaque)),
+        Err(_) => remoting::decode_payload(bytes::Bytes::copy_from_slice(frame))
+            .ok()
+            .map(|c| (c.code, c.opaque)),
+    }
+}
+
+/// User and system CPU this process has used, in seconds.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// A loopback echo server (`--target echo`): a thread per connection writes back
+/// whatever it reads. Returns its address.
+fn echo_server() -> Result<String, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("echo server: {e}"))?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            std::thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                let mut buf = vec![0u8; READ_BUF];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// Reads every queue back from offset 0, 32 messages per `PULL_MESSAGE`, with one
+/// pull in flight per queue on one connection (as a RocketMQ consumer pulls its queues);
+/// the messages found. A queue is done at its first answer other than SUCCESS.
+fn read_back(cfg: &LoadConfig, target: &str) -> Result<u64, String> {
+    let mut s = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
+    let _ = s.set_nodelay(true);
+    let topics: Vec<String> = (0..cfg.topics.max(1)).map(topic_name).collect();
+    let queues = cfg.queues.max(1) as usize;
+    // Per queue (opaque = index): the next offset to pull.
+    let mut offsets = vec![0u64; topics.len() * queues];
+    let mut out = Vec::with_capacity(offsets.len() * 256);
+    let pull = |out: &mut Vec<u8>, q: usize, offset: u64| {
+        let fields = [
+            ("consumerGroup", FieldValue::Str("bench-consumer")),
+            ("topic", FieldValue::Str(&topics[q / queues])),
+            ("queueId", FieldValue::Int((q % queues) as i64)),
+            ("queueOffset", FieldValue::UInt(offset)),
+            ("maxMsgNums", FieldValue::Int(32)),
+            ("sysFlag", FieldValue::Int(0)),
+        ];
+        let head = FrameHead {
+            code: PULL_MESSAGE,
+            flag: 0,
+            opaque: q as i32,
+            serialize_type: SerializeType::Json,
+            remark: None,
+            fields: &fields,
+        };
+        encode_frame(out, &head, 0);
+    };
+    for q in 0..offsets.len() {
+        pull(&mut out, q, 0);
+    }
+    s.write_all(&out).map_err(|e| format!("write: {e}"))?;
+    let mut in_flight = offsets.len();
+    let mut responses = Responses::new();
+    let mut total = 0;
+    while in_flight > 0 {
+        let frame = responses
+            .next_frame(&mut s)
+            .ok_or("the node closed the connection during the read-back")?;
+        let (code, q, next, records) = pull_answer(frame)?;
+        let Some(offset) = offsets.get_mut(q) else {
+            return Err(format!("a pull answer for an unknown queue ({q})"));
+        };
+        if code != SUCCESS {
+            in_flight -= 1;
+            continue;
+        }
+        total += records;
+        *offset = next;
+        out.clear();
+        pull(&mut out, q, next);
+        s.write_all(&out).map_err(|e| format!("write: {e}"))?;
+    }
     Ok(total)
+}
+
+/// A pull answer's code, opaque, `nextBeginOffset` and record count, read in place.
+fn pull_answer(frame: &[u8]) -> Result<(i32, usize, u64, u64), String> {
+    let bad = || "a malformed pull answer".to_string();
+    let word = u32::from_be_bytes(*frame.first_chunk::<4>().ok_or_else(bad)?);
+    let header_end = HEADER_WORD + (word & 0x00FF_FFFF) as usize;
+    let header = frame.get(HEADER_WORD..header_end).ok_or_else(bad)?;
+    let cmd;
+    let (code, opaque, next) = match HeaderView::parse((word >> 24) as u8, header) {
+        Ok(v) => {
+            let next = v
+                .ext_fields()
+                .find(|f| f.key == "nextBeginOffset")
+                .and_then(|f| f.value)
+                .and_then(|t| t.as_plain())
+                .and_then(|t| t.parse().ok());
+            (v.code, v.opaque, next)
+        }
+        Err(_) => {
+            cmd = remoting::decode_payload(bytes::Bytes::copy_from_slice(frame))
+                .map_err(|e| e.to_string())?;
+            let next = cmd.field("nextBeginOffset").and_then(|v| v.parse().ok());
+            (cmd.code, cmd.opaque, next)
+        }
+    };
+    if code != SUCCESS {
+        return Ok((code, opaque as usize, 0, 0));
+    }
+    let next = next.ok_or("a pull response without nextBeginOffset")?;
+    // The body: whole stored records, each starting with its total size.
+    let body = &frame[header_end..];
+    let (mut at, mut records) = (0usize, 0u64);
+    while let Some(size) = body.get(at..at + 4) {
+        let size = u32::from_be_bytes(size.try_into().expect("4 bytes"));
+        at += size.max(4) as usize;
+        records += 1;
+    }
+    Ok((code, opaque as usize, next, records))
 }
 
 /// Runs the remote benchmark; prints a summary and returns the JSON report and
 /// whether every message was acknowledged (and read back, with `--consumers`).
 pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
+    let echo = target == "echo";
+    let target = if echo { &echo_server()? } else { target };
     let mut admin = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
-    for t in 0..cfg.topics.max(1) {
+    for t in 0..if echo { 0 } else { cfg.topics.max(1) } {
         let q = cfg.queues.to_string();
         let r = call(
             &mut admin,
@@ -213,6 +584,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         }
     }
     let started = Instant::now();
+    let cpu_before = process_cpu_seconds();
     let sh = Arc::new(Shared {
         next: AtomicU64::new(0),
         limit: cfg.messages,
@@ -226,6 +598,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         failed: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
         hist: Mutex::new(Histogram::new(3).expect("histogram")),
+        echo,
     });
     let producers: Vec<_> = (0..cfg.producers.max(1))
         .map(|_| {
@@ -242,15 +615,18 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu_before;
     let ok = sh.ok.load(Ordering::Relaxed);
     let failed = sh.failed.load(Ordering::Relaxed);
     let bytes = sh.bytes.load(Ordering::Relaxed);
     let hist = sh.hist.lock().expect("histogram").clone();
-    let read = if cfg.consumers {
+    let read_started = Instant::now();
+    let read = if cfg.consumers && !echo {
         Some(read_back(cfg, target)?)
     } else {
         None
     };
+    let read_seconds = read_started.elapsed().as_secs_f64();
     let pct = |p: f64| hist.value_at_quantile(p / 100.0);
     let report = json!({
         "label": cfg.label,
@@ -260,8 +636,18 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         "seconds": seconds,
         "messages_per_sec": ok as f64 / seconds.max(1e-9),
         "mb_per_sec": bytes as f64 / 1e6 / seconds.max(1e-9),
+        // This process's CPU (the echo server's too with `--target echo`).
+        "client_cpu_seconds": cpu,
+        "client_cpu_us_per_message": cpu * 1e6 / (ok.max(1)) as f64,
         "send_latency_us": {"p50": pct(50.0), "p99": pct(99.0), "p99.9": pct(99.9), "max": hist.max()},
+        "target_kind": if echo { "loopback echo server" } else { "node" },
+        "batch": cfg.batch,
+        "outstanding": cfg.outstanding,
+        "producers": cfg.producers,
+        "header_format": format!("{:?}", cfg.header_format).to_lowercase(),
         "read_back": read,
+        "read_back_seconds": read.map(|_| read_seconds),
+        "read_back_per_sec": read.map(|n| n as f64 / read_seconds.max(1e-9)),
         "errors": errors,
     });
     println!(
@@ -273,7 +659,11 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         pct(50.0),
         pct(99.0),
         pct(99.9),
-        read.map(|n| format!("; read back {n}")).unwrap_or_default()
+        read.map(|n| format!(
+            "; read back {n} in {read_seconds:.2} s ({:.0} msg/s)",
+            n as f64 / read_seconds.max(1e-9)
+        ))
+        .unwrap_or_default()
     );
     // Read back counts every message stored in the bench topics, earlier runs too.
     let good = failed == 0 && errors.is_empty() && read.is_none_or(|n| n >= ok);

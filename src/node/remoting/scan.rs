@@ -1,0 +1,673 @@
+//! Zero-copy views of command headers, for the hot request codes (issue 20).
+//!
+//! [`HeaderView::parse`] reads a header (JSON or RocketMQ's binary layout) straight from
+//! the frame's bytes: the fixed fields as numbers, the remark and the ext fields as
+//! spans of the header. Nothing is allocated and no value tree is built; the typed
+//! decoders (`headers.rs`) then walk the ext fields once.
+//!
+//! The view takes only headers it reads exactly as the general decoders do
+//! (`json_header.rs` through serde_json, `binary_header.rs`), and answers [`Declined`]
+//! for every other header: invalid ones, and valid but unusual ones (nested values
+//! outside `extFields`, floats, escaped keys, `-0`, integers of 19 digits or more, a
+//! surrogate escape). A declined header goes to the general decoder, which accepts or
+//! refuses it as before, so on every input the two paths answer alike
+//! (`tests/header_decoders.rs` checks it, `scripts/fuzz.sh header_scan` too).
+//!
+//! JSON rules followed (serde_json's, which the general decoder uses): the header is
+//! UTF-8; one object and nothing but whitespace (space, tab, CR, LF) after it; a key
+//! given twice counts once, its last value; an `extFields` value that is `null` counts
+//! as absent (the general decoder skips nulls) and numbers and booleans there count as
+//! their JSON text; `code`, `version`, `opaque`, `flag` may be integers or strings.
+//! Binary rules: `binary_header.rs`'s, with a field given twice read at its first.
+
+use super::{BINARY_FIXED_LEN, SerializeType};
+
+/// The header is not one this view reads exactly as the general decoder: use that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declined;
+
+type Scan<T> = Result<T, Declined>;
+
+/// Most digits of an integer this view takes (any such integer fits an `i64`).
+const MAX_INT_DIGITS: usize = 18;
+
+/// A command header read in place.
+#[derive(Debug, Clone, Copy)]
+pub struct HeaderView<'a> {
+    pub code: i32,
+    pub version: i32,
+    pub opaque: i32,
+    pub flag: i32,
+    pub serialize_type: SerializeType,
+    /// The remark, raw (JSON: between the quotes, escapes kept).
+    pub remark: Option<Text<'a>>,
+    ext: Ext<'a>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ext<'a> {
+    None,
+    /// The `extFields` object's text, braces included, already checked.
+    Json(&'a str),
+    /// The binary ext bytes, already checked.
+    Binary(&'a [u8]),
+}
+
+/// A header string in place: JSON text between its quotes (escapes not yet applied),
+/// the JSON text of a number or boolean, or a binary header's UTF-8 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Text<'a> {
+    pub raw: &'a str,
+    /// JSON escapes to apply ([`Text::unescape_into`]).
+    pub escaped: bool,
+}
+
+impl<'a> Text<'a> {
+    fn plain(raw: &'a str) -> Text<'a> {
+        Text {
+            raw,
+            escaped: false,
+        }
+    }
+
+    /// The text without escapes, when it has none.
+    pub fn as_plain(&self) -> Option<&'a str> {
+        (!self.escaped).then_some(self.raw)
+    }
+
+    /// Appends the text with its escapes applied to `out`.
+    pub fn unescape_into(&self, out: &mut String) {
+        if !self.escaped {
+            out.push_str(self.raw);
+            return;
+        }
+        let b = self.raw.as_bytes();
+        let mut i = 0;
+        let mut run = 0;
+        while i < b.len() {
+            if b[i] != b'\\' {
+                i += 1;
+                continue;
+            }
+            out.push_str(&self.raw[run..i]);
+            match escape_at(b, i) {
+                Some((c, next)) => {
+                    out.push(c);
+                    i = next;
+                }
+                // Checked when the view was made; never reached.
+                None => return,
+            }
+            run = i;
+        }
+        out.push_str(&self.raw[run..]);
+    }
+
+    /// The text with escapes applied, as an owned string.
+    pub fn to_owned_string(&self) -> String {
+        let mut s = String::with_capacity(self.raw.len());
+        self.unescape_into(&mut s);
+        s
+    }
+}
+
+/// One ext field: its key, and its value (`None`: a JSON `null`, which makes the
+/// field absent, also when an earlier value named it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtField<'a> {
+    pub key: &'a str,
+    pub value: Option<Text<'a>>,
+}
+
+impl<'a> HeaderView<'a> {
+    /// Reads a header of `kind` (the frame's serialize-type byte).
+    pub fn parse(kind: u8, header: &'a [u8]) -> Scan<HeaderView<'a>> {
+        match kind {
+            0 => parse_json(header),
+            1 => parse_binary(header),
+            _ => Err(Declined),
+        }
+    }
+
+    pub fn is_response(&self) -> bool {
+        self.flag & super::FLAG_RESPONSE != 0
+    }
+
+    pub fn is_oneway(&self) -> bool {
+        self.flag & super::FLAG_ONEWAY != 0
+    }
+
+    /// Whether a key given twice counts at its last value (JSON) or its first (binary).
+    pub fn last_wins(&self) -> bool {
+        self.serialize_type == SerializeType::Json
+    }
+
+    /// The ext fields in wire order.
+    pub fn ext_fields(&self) -> ExtFields<'a> {
+        match self.ext {
+            Ext::None => ExtFields::Done,
+            Ext::Json(text) => {
+                // Past the opening brace (checked at parse).
+                let mut lex = Lex { s: text, at: 0 };
+                match lex.eat(b'{') {
+                    Some(()) => ExtFields::Json(lex, true),
+                    None => ExtFields::Done,
+                }
+            }
+            Ext::Binary(bytes) => ExtFields::Binary(bytes),
+        }
+    }
+}
+
+/// Iterator over a view's ext fields.
+pub enum ExtFields<'a> {
+    Done,
+    /// The lexer, and whether the next field is the first.
+    Json(Lex<'a>, bool),
+    Binary(&'a [u8]),
+}
+
+impl<'a> Iterator for ExtFields<'a> {
+    type Item = ExtField<'a>;
+
+    fn next(&mut self) -> Option<ExtField<'a>> {
+        let item = match self {
+            ExtFields::Done => None,
+            ExtFields::Json(lex, first) => {
+                let f = json_next_field(lex, *first);
+                *first = false;
+                f
+            }
+            ExtFields::Binary(rest) => binary_next_field(rest),
+        };
+        if item.is_none() {
+            *self = ExtFields::Done;
+        }
+        item
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// JSON
+
+/// A cursor over checked UTF-8 JSON text. Positions only ever stop on ASCII bytes, so
+/// every slice taken is on a character boundary.
+#[derive(Debug, Clone, Copy)]
+pub struct Lex<'a> {
+    s: &'a str,
+    at: usize,
+}
+
+/// A JSON scalar, or the start of a nested value.
+enum Value<'a> {
+    Str(Text<'a>),
+    Int(&'a str),
+    Bool(&'a str),
+    Null,
+    Object,
+    Array,
+}
+
+impl<'a> Lex<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.s.as_bytes().get(self.at).copied()
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
+            self.at += 1;
+        }
+    }
+
+    /// Skips whitespace, then takes `b`.
+    fn eat(&mut self, b: u8) -> Option<()> {
+        self.ws();
+        if self.peek()? == b {
+            self.at += 1;
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    /// A string at the cursor (after whitespace); checks its escapes and that it holds
+    /// no control character. Declines surrogate escapes.
+    fn string(&mut self) -> Option<Text<'a>> {
+        self.eat(b'"')?;
+        let b = self.s.as_bytes();
+        let start = self.at;
+        let mut i = start;
+        let mut escaped = false;
+        loop {
+            match *b.get(i)? {
+                b'"' => break,
+                b'\\' => {
+                    escaped = true;
+                    i = escape_at(b, i)?.1;
+                }
+                0..=0x1f => return None,
+                _ => i += 1,
+            }
+        }
+        self.at = i + 1;
+        Some(Text {
+            raw: self.s.get(start..i)?,
+            escaped,
+        })
+    }
+
+    /// An integer at the cursor: `-?(0|[1-9][0-9]*)` of at most [`MAX_INT_DIGITS`]
+    /// digits, not `-0` (serde_json reads that as a float), not followed by a
+    /// fraction or exponent.
+    fn integer(&mut self) -> Option<&'a str> {
+        let b = self.s.as_bytes();
+        let start = self.at;
+        let mut i = start;
+        let negative = b.get(i) == Some(&b'-');
+        if negative {
+            i += 1;
+        }
+        let digits = i;
+        match b.get(i)? {
+            b'0' => i += 1,
+            b'1'..=b'9' => {
+                while let Some(b'0'..=b'9') = b.get(i) {
+                    i += 1;
+                }
+            }
+            _ => return None,
+        }
+        if i - digits > MAX_INT_DIGITS
+            || (negative && b.get(digits) == Some(&b'0'))
+            || matches!(b.get(i), Some(b'.' | b'e' | b'E' | b'0'..=b'9'))
+        {
+            return None;
+        }
+        self.at = i;
+        self.s.get(start..i)
+    }
+
+    fn literal(&mut self, word: &'static str) -> Option<&'a str> {
+        let text = self.s.get(self.at..self.at + word.len())?;
+        if text != word {
+            return None;
+        }
+        self.at += word.len();
+        Some(text)
+    }
+
+    /// The value at the cursor (after whitespace). For an object or array, the cursor
+    /// stays on its opening bracket.
+    fn value(&mut self) -> Option<Value<'a>> {
+        self.ws();
+        Some(match self.peek()? {
+            b'"' => Value::Str(self.string()?),
+            b'-' | b'0'..=b'9' => Value::Int(self.integer()?),
+            b't' => Value::Bool(self.literal("true")?),
+            b'f' => Value::Bool(self.literal("false")?),
+            b'n' => {
+                self.literal("null")?;
+                Value::Null
+            }
+            b'{' => Value::Object,
+            b'[' => Value::Array,
+            _ => return None,
+        })
+    }
+
+    /// After a member: `,` (more follow: true) or `}` (the object ends: false).
+    fn member_end(&mut self) -> Option<bool> {
+        self.ws();
+        match self.peek()? {
+            b',' => {
+                self.at += 1;
+                Some(true)
+            }
+            b'}' => {
+                self.at += 1;
+                Some(false)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The character a JSON escape at `b[i]` (a backslash) stands for, and the position
+/// after it. `None` for a bad escape and for any surrogate escape (declined: a pair is
+/// valid JSON, but rare enough that the general decoder may take it).
+fn escape_at(b: &[u8], i: usize) -> Option<(char, usize)> {
+    let c = match *b.get(i + 1)? {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        b'u' => {
+            let hex = b.get(i + 2..i + 6)?;
+            let mut v = 0u32;
+            for h in hex {
+                v = v * 16 + (*h as char).to_digit(16)?;
+            }
+            return Some((char::from_u32(v)?, i + 6));
+        }
+        _ => return None,
+    };
+    Some((c, i + 2))
+}
+
+/// An `i32` from a JSON integer's text, serde_json's way (`as_i64`, then `i32`).
+fn int_i32(text: &str) -> Option<i32> {
+    text.parse::<i64>().ok().and_then(|v| i32::try_from(v).ok())
+}
+
+/// The general decoder's `json_i32` for `version`, `opaque`, `flag`: an integer or a
+/// string holding one, else 0. Declines what it cannot read alike.
+fn json_i32_or_zero(v: Value<'_>) -> Scan<i32> {
+    match v {
+        Value::Int(t) => Ok(int_i32(t).unwrap_or(0)),
+        Value::Str(t) => Ok(t.as_plain().ok_or(Declined)?.parse().unwrap_or(0)),
+        Value::Bool(_) | Value::Null => Ok(0),
+        Value::Object | Value::Array => Err(Declined),
+    }
+}
+
+/// Checks an `extFields` object at the cursor (on its `{`); returns its text. Every key
+/// is a string without escapes, every value a string, an integer, a boolean or null.
+fn json_ext_object<'a>(lex: &mut Lex<'a>) -> Scan<&'a str> {
+    let start = lex.at;
+    lex.eat(b'{').ok_or(Declined)?;
+    lex.ws();
+    if lex.peek() == Some(b'}') {
+        lex.at += 1;
+    } else {
+        loop {
+            let key = lex.string().ok_or(Declined)?;
+            if key.escaped {
+                return Err(Declined);
+            }
+            lex.eat(b':').ok_or(Declined)?;
+            match lex.value().ok_or(Declined)? {
+                Value::Str(_) | Value::Int(_) | Value::Bool(_) | Value::Null => {}
+                Value::Object | Value::Array => return Err(Declined),
+            }
+            if !lex.member_end().ok_or(Declined)? {
+                break;
+            }
+        }
+    }
+    lex.s.get(start..lex.at).ok_or(Declined)
+}
+
+/// The next field of a checked `extFields` object (`first`: right after the brace).
+fn json_next_field<'a>(lex: &mut Lex<'a>, first: bool) -> Option<ExtField<'a>> {
+    lex.ws();
+    if first && lex.peek() == Some(b'}') {
+        return None;
+    }
+    let key = lex.string()?;
+    lex.eat(b':')?;
+    let value = match lex.value()? {
+        Value::Str(t) => Some(t),
+        Value::Int(t) | Value::Bool(t) => Some(Text::plain(t)),
+        Value::Null => None,
+        Value::Object | Value::Array => return None,
+    };
+    // `,`: another field follows; `}`: this is the last. Either way this one counts.
+    let more = lex.member_end()?;
+    if !more {
+        // Park the cursor at the end so the next call finds nothing.
+        lex.at = lex.s.len();
+    }
+    Some(ExtField {
+        key: key.raw,
+        value,
+    })
+}
+
+fn parse_json(header: &[u8]) -> Scan<HeaderView<'_>> {
+    let s = std::str::from_utf8(header).map_err(|_| Declined)?;
+    let mut lex = Lex { s, at: 0 };
+    let mut code = None;
+    let (mut version, mut opaque, mut flag) = (0, 0, 0);
+    let mut remark = None;
+    let mut ext = Ext::None;
+    lex.eat(b'{').ok_or(Declined)?;
+    lex.ws();
+    if lex.peek() == Some(b'}') {
+        lex.at += 1;
+    } else {
+        loop {
+            let key = lex.string().ok_or(Declined)?;
+            if key.escaped {
+                return Err(Declined);
+            }
+            lex.eat(b':').ok_or(Declined)?;
+            let value = lex.value().ok_or(Declined)?;
+            match key.raw {
+                "code" => {
+                    code = Some(match value {
+                        Value::Int(t) => int_i32(t).ok_or(Declined)?,
+                        Value::Str(t) => {
+                            t.as_plain().and_then(|t| t.parse().ok()).ok_or(Declined)?
+                        }
+                        _ => return Err(Declined),
+                    })
+                }
+                "version" => version = json_i32_or_zero(value)?,
+                "opaque" => opaque = json_i32_or_zero(value)?,
+                "flag" => flag = json_i32_or_zero(value)?,
+                "remark" => {
+                    remark = match value {
+                        Value::Str(t) => Some(t),
+                        Value::Int(_) | Value::Bool(_) | Value::Null => None,
+                        Value::Object | Value::Array => return Err(Declined),
+                    }
+                }
+                "extFields" => {
+                    ext = match value {
+                        Value::Object => Ext::Json(json_ext_object(&mut lex)?),
+                        Value::Str(_) | Value::Int(_) | Value::Bool(_) | Value::Null => Ext::None,
+                        Value::Array => return Err(Declined),
+                    }
+                }
+                // `language`, `serializeTypeCurrentRPC` and anything else: not needed,
+                // but only scalars are skipped.
+                _ => {
+                    if matches!(value, Value::Object | Value::Array) {
+                        return Err(Declined);
+                    }
+                }
+            }
+            if !lex.member_end().ok_or(Declined)? {
+                break;
+            }
+        }
+    }
+    lex.ws();
+    if lex.at != s.len() {
+        return Err(Declined);
+    }
+    Ok(HeaderView {
+        code: code.ok_or(Declined)?,
+        version,
+        opaque,
+        flag,
+        serialize_type: SerializeType::Json,
+        remark,
+        ext,
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// binary
+
+fn take<'a>(buf: &mut &'a [u8], n: usize) -> Scan<&'a [u8]> {
+    if n > buf.len() {
+        return Err(Declined);
+    }
+    let (head, rest) = buf.split_at(n);
+    *buf = rest;
+    Ok(head)
+}
+
+fn be_i16(buf: &mut &[u8]) -> Scan<i16> {
+    let b = take(buf, 2)?;
+    Ok(i16::from_be_bytes([b[0], b[1]]))
+}
+
+fn be_i32(buf: &mut &[u8]) -> Scan<i32> {
+    let b = take(buf, 4)?;
+    Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn utf8<'a>(buf: &mut &'a [u8], len: usize) -> Scan<&'a str> {
+    std::str::from_utf8(take(buf, len)?).map_err(|_| Declined)
+}
+
+/// One ext field from the front of `rest` (`None` at the end or on damage, which the
+/// parse already ruled out).
+fn binary_field<'a>(rest: &mut &'a [u8]) -> Scan<ExtField<'a>> {
+    let klen = usize::try_from(be_i16(rest)?).map_err(|_| Declined)?;
+    let key = utf8(rest, klen)?;
+    let vlen = usize::try_from(be_i32(rest)?).map_err(|_| Declined)?;
+    let value = utf8(rest, vlen)?;
+    Ok(ExtField {
+        key,
+        value: Some(Text::plain(value)),
+    })
+}
+
+fn binary_next_field<'a>(rest: &mut &'a [u8]) -> Option<ExtField<'a>> {
+    if rest.is_empty() {
+        return None;
+    }
+    binary_field(rest).ok()
+}
+
+fn parse_binary(header: &[u8]) -> Scan<HeaderView<'_>> {
+    if header.len() < BINARY_FIXED_LEN {
+        return Err(Declined);
+    }
+    let mut c = header;
+    let code = be_i16(&mut c)? as i32;
+    take(&mut c, 1)?; // language
+    let version = be_i16(&mut c)? as i32;
+    let opaque = be_i32(&mut c)?;
+    let flag = be_i32(&mut c)?;
+    let remark_len = be_i32(&mut c)?;
+    let remark = if remark_len > 0 {
+        Some(Text::plain(utf8(&mut c, remark_len as usize)?))
+    } else {
+        None
+    };
+    let ext_len = usize::try_from(be_i32(&mut c)?).map_err(|_| Declined)?;
+    let ext = take(&mut c, ext_len)?;
+    let mut check = ext;
+    while !check.is_empty() {
+        binary_field(&mut check)?;
+    }
+    Ok(HeaderView {
+        code,
+        version,
+        opaque,
+        flag,
+        serialize_type: SerializeType::RocketMq,
+        remark,
+        ext: if ext.is_empty() {
+            Ext::None
+        } else {
+            Ext::Binary(ext)
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(v: &HeaderView<'_>) -> Vec<(String, Option<String>)> {
+        v.ext_fields()
+            .map(|f| (f.key.to_string(), f.value.map(|t| t.to_owned_string())))
+            .collect()
+    }
+
+    #[test]
+    fn reads_a_send_header_in_place() {
+        let h = br#"{"code":310,"extFields":{"a":"g","b":"T","e":"3","i":"KEYS\u0001k\u0002","n":null},"flag":0,"language":"JAVA","opaque":7,"serializeTypeCurrentRPC":"JSON","version":401}"#;
+        let v = HeaderView::parse(0, h).unwrap();
+        assert_eq!((v.code, v.opaque, v.version, v.flag), (310, 7, 401, 0));
+        assert_eq!(
+            fields(&v),
+            vec![
+                ("a".into(), Some("g".into())),
+                ("b".into(), Some("T".into())),
+                ("e".into(), Some("3".into())),
+                ("i".into(), Some("KEYS\u{1}k\u{2}".into())),
+                ("n".into(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn declines_what_it_does_not_read_alike() {
+        for h in [
+            &br#"{"code":10.0}"#[..],
+            br#"{"code":-0}"#,
+            br#"{"code":1234567890123456789}"#,
+            br#"{"code":10,"extFields":{"a":[1]}}"#,
+            br#"{"code":10,"extFields":{"a":1.5}}"#,
+            br#"{"code":10,"extFields":{"\u0061":"x"}}"#,
+            br#"{"code":10,"x":{}}"#,
+            br#"{"code":10,"extFields":{"a":"\ud800\udc00"}}"#,
+            br#"{"code":10} x"#,
+            br#"{"code":10,}"#,
+            br#"{"code":"x"}"#,
+            br#"{"opaque":1}"#,
+            b"{\"code\":10,\"remark\":\"a\x01\"}",
+            b"[]",
+            b"",
+        ] {
+            assert_eq!(
+                HeaderView::parse(0, h).map(|v| v.code),
+                Err(Declined),
+                "{}",
+                String::from_utf8_lossy(h)
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_and_strings_for_the_fixed_fields() {
+        let v = HeaderView::parse(
+            0,
+            br#" { "code" : "11" , "opaque":"x","flag":true,"version":99999999999 } "#,
+        )
+        .unwrap();
+        assert_eq!((v.code, v.opaque, v.flag, v.version), (11, 0, 0, 0));
+    }
+
+    #[test]
+    fn binary_header_in_place() {
+        let mut c = super::super::RemotingCommand::request(
+            320,
+            9,
+            vec![("b".into(), "T".into()), ("e".into(), "1".into())],
+        );
+        c.serialize_type = SerializeType::RocketMq;
+        let frame = c.encode();
+        let header = &frame[8..];
+        let v = HeaderView::parse(1, header).unwrap();
+        assert_eq!((v.code, v.opaque), (320, 9));
+        assert_eq!(
+            fields(&v),
+            vec![
+                ("b".into(), Some("T".into())),
+                ("e".into(), Some("1".into()))
+            ]
+        );
+        assert!(HeaderView::parse(1, &header[..header.len() - 1]).is_err());
+    }
+}
