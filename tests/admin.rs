@@ -366,16 +366,22 @@ fn config_topics_groups_locks_and_filters() {
         ],
         b"",
     );
-    let stats = String::from_utf8(
-        c.ok(GET_CONSUME_STATS, &[("consumerGroup", "sg")], b"")
-            .body
-            .to_vec(),
-    )
-    .unwrap();
-    assert!(
-        stats.contains("\"queueId\":1,\"topic\":\"S\"}:{\"brokerOffset\":3,\"consumerOffset\":2,"),
-        "{stats}"
-    );
+    // A send is answered once stored; its queue entry follows with dispatch.
+    let want = "\"queueId\":1,\"topic\":\"S\"}:{\"brokerOffset\":3,\"consumerOffset\":2,";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stats = loop {
+        let s = String::from_utf8(
+            c.ok(GET_CONSUME_STATS, &[("consumerGroup", "sg")], b"")
+                .body
+                .to_vec(),
+        )
+        .unwrap();
+        if s.contains(want) || std::time::Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(stats.contains(want), "{stats}");
     assert!(
         stats.contains("\"queueId\":0,\"topic\":\"S\"}:{\"brokerOffset\":0,\"consumerOffset\":0,")
     );
