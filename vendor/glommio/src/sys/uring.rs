@@ -1837,28 +1837,14 @@ impl Reactor {
         // to be removed otherwise we'll wake up when it expires.
         drop(self.latency_preemption_timeout_src.take());
 
-        // coremq patch: the throughput timer (it fires once `ring_depth` main-ring
-        // completions were posted) is re-armed only once it fired. 0.9.0 cancelled
-        // and re-armed it on every call, three SQEs and an `io_uring_enter` of the
-        // main ring each loop of the executor, busy or idle; now its count runs from
-        // when it was armed, not from this loop.
-        let throughput = match self.throughput_preemption_timeout_src.take() {
-            Some(armed) if armed.result().is_none() => armed,
-            _ => main_ring
-                .prepare_throughput_preemption_timer(self.ring_depth() as u32, self.eventfd_src.raw()),
-        };
-        self.throughput_preemption_timeout_src.set(Some(throughput));
-
-        // coremq patch: the next timer of the latency ring (the preempt timer, or
-        // when about to park the user timer) goes to the kernel with the cancellation
-        // of the last one, in one `io_uring_enter`. 0.9.0 armed it after the
-        // cancellation's own `io_uring_enter`. Not sleeping after all leaves the user
-        // timer armed; the next call cancels it, as it does a preempt timer.
-        let preempt = preempt_timer();
-        if let Some(timer) = preempt.or(user_timer) {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(timer)));
-        }
+        // Schedule the throughput-based timeout immediately: it won't matter if we end
+        // up sleeping.
+        self.throughput_preemption_timeout_src.replace(Some(
+            main_ring.prepare_throughput_preemption_timer(
+                self.ring_depth() as u32,
+                self.eventfd_src.raw(),
+            ),
+        ));
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1870,13 +1856,20 @@ impl Reactor {
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // If we generated any event so far, we can't sleep. Need to handle them.
-        let should_sleep = preempt.is_none()
+        let should_sleep = preempt_timer().is_none()
             && (woke == 0)
             && poll_ring.can_sleep()
             && main_ring.can_sleep()
             && lat_ring.can_sleep();
 
         if should_sleep {
+            // We are about to go to sleep. It's ok to sleep, but if there
+            // is a timer set, we need to make sure we wake up to handle it.
+            if let Some(dur) = user_timer {
+                self.latency_preemption_timeout_src
+                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                assert!(flush_rings!(lat_ring)? > 0);
+            }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
             // last time until now it could be that something happened in a remote executor
@@ -1903,6 +1896,12 @@ impl Reactor {
                 // Woke up, so no need to notify us anymore.
                 self.notifier.wake_up();
             }
+        }
+
+        if let Some(preempt) = preempt_timer() {
+            self.latency_preemption_timeout_src
+                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+            flush_rings!(lat_ring, main_ring)?;
         }
 
         // A Note about `need_preempt`:
