@@ -157,6 +157,7 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
 
 /// For another plain-thread executor (the load generator's): forgets the hint of an
 /// earlier poll; call before polling.
+#[cfg_attr(not(feature = "tools"), allow(dead_code))]
 pub(crate) fn clear_spin_hint() {
     HINT.with(|h| h.set(None));
 }
@@ -165,6 +166,7 @@ pub(crate) fn clear_spin_hint() {
 /// since [`clear_spin_hint`] expects its reply soon, spins on this thread until
 /// `woken()` or the hint's budget ends (never on the answering shard's CPU), as
 /// [`block_on`] does. Returns whether `woken()` said so.
+#[cfg_attr(not(feature = "tools"), allow(dead_code))]
 pub(crate) fn spin_before_park(woken: impl Fn() -> bool) -> bool {
     let Some(h) = HINT.with(|h| h.take()) else {
         return false;
