@@ -33,19 +33,13 @@ impl QueueManifest {
             b.extend_from_slice(&qid.to_be_bytes());
             b.extend_from_slice(&max.to_be_bytes());
         }
-        let crc = crc32fast::hash(&b);
-        b.extend_from_slice(&crc.to_be_bytes());
+        super::seal_crc(&mut b);
         b
     }
 
     pub fn decode(b: &[u8]) -> Result<QueueManifest, Corruption> {
         let t = Corruption::Truncated;
-        let body_len = b.len().checked_sub(4).ok_or(t)?;
-        let stored = be_i32(b, body_len).ok_or(t)? as u32;
-        if crc32fast::hash(&b[..body_len]) != stored {
-            return Err(Corruption::Checksum);
-        }
-        let b = &b[..body_len];
+        let b = super::crc_sealed_body(b)?;
         let magic = be_i32(b, 0).ok_or(t)? as u32;
         if magic != MAGIC {
             return Err(Corruption::BadMagic(magic));

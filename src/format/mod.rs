@@ -79,6 +79,24 @@ impl std::fmt::Display for Corruption {
     }
 }
 
+/// Appends the CRC32 of `b` (big-endian) as its 4-byte trailer: the framing of coremq's
+/// own small files (`manifest`, `deleted_topics`).
+pub(crate) fn seal_crc(b: &mut Vec<u8>) {
+    let crc = crc32fast::hash(b);
+    b.extend_from_slice(&crc.to_be_bytes());
+}
+
+/// The body of a file framed by [`seal_crc`], once its trailer matches.
+pub(crate) fn crc_sealed_body(b: &[u8]) -> Result<&[u8], Corruption> {
+    let t = Corruption::Truncated;
+    let body_len = b.len().checked_sub(4).ok_or(t)?;
+    let stored = be_i32(b, body_len).ok_or(t)? as u32;
+    if crc32fast::hash(&b[..body_len]) != stored {
+        return Err(Corruption::Checksum);
+    }
+    Ok(&b[..body_len])
+}
+
 /// Big-endian readers over a slice that never panic: `None` when out of range.
 pub(crate) fn be_i16(b: &[u8], at: usize) -> Option<i16> {
     Some(i16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?))
