@@ -157,6 +157,13 @@ pub struct StoreConfig {
     /// pool's size (`write_buffer_bytes * write_buffer_count`) in sync mode, 0 (off) in
     /// async mode, where whole-window writes and 500 ms flushes amortise allocation.
     pub commit_log_prewrite_bytes: Option<u64>,
+    /// Segment recycling: how many retired commit-log segments are kept, zero-filled,
+    /// in `spare/` and renamed into place as the next segments instead of creating new
+    /// files (see `commit_log`'s `spare.rs`), so sync-flush writes land in blocks
+    /// already written without the prewriter writing ahead. 0 (the default): retired
+    /// segments are deleted. Segments retired because the disk is over
+    /// `retention.disk_max_used_space_ratio` are always deleted.
+    pub commit_log_spare_segments: usize,
     /// Replication: this store's role and the HA protocol's limits (see `crate::ha`).
     pub ha: HaConfig,
     /// Retention: when segments, queue files and index files are deleted (see
@@ -521,6 +528,7 @@ impl StoreConfig {
             read_cache_readahead_blocks: 16,
             sync_flush_io: SyncFlushIo::DsyncWrite,
             commit_log_prewrite_bytes: None,
+            commit_log_spare_segments: 0,
             ha: HaConfig::default(),
             retention: RetentionConfig::default(),
             schedule: ScheduleConfig::default(),

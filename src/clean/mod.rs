@@ -306,6 +306,10 @@ async fn pass_locked<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
         ..Default::default()
     };
     let log = o.log();
+    if level != Level::Normal {
+        // Spares hold disk space the puts may need: they go first.
+        log.drop_spares().await?;
+    }
     let seg_bytes = log.segment_bytes();
     let reserved_ms = cfg.file_reserved_time.as_millis().min(i64::MAX as u128) as i64;
     for i in 0..cfg.delete_file_batch_max {
@@ -336,7 +340,11 @@ async fn pass_locked<O: Owner>(o: &O, manual: bool) -> Result<PassReport> {
         if decision == Decision::Keep {
             break;
         }
-        if log.retire_oldest(limit).await?.is_none() {
+        if log
+            .retire_oldest(limit, level != Level::Normal)
+            .await?
+            .is_none()
+        {
             break;
         }
         match decision {

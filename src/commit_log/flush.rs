@@ -48,6 +48,16 @@ impl CommitLog {
         } else {
             None
         };
+        let zeroer = if self.cfg.commit_log_spare_segments > 0 {
+            let tq = executor().create_task_queue(
+                Shares::Static(100),
+                Latency::NotImportant,
+                "commit-log-spare-zeroer",
+            );
+            glommio::spawn_local_into(self.clone().run_spare_zeroer(), tq).ok()
+        } else {
+            None
+        };
         let marker = if self.cfg.flush_mode == FlushMode::Sync {
             let tq = executor().create_task_queue(
                 Shares::Static(100),
@@ -88,6 +98,10 @@ impl CommitLog {
         self.prewrite_wake.notify();
         if let Some(p) = prewriter {
             p.await;
+        }
+        self.wake_spare_zeroer();
+        if let Some(z) = zeroer {
+            z.await;
         }
     }
 

@@ -46,6 +46,7 @@
 //! | `group_commit.rs` | `GroupCommitService` | sync flush: durable rounds |
 //! | `flush_mark.rs` | (none) | the durable position, kept for recovery's refuse line |
 //! | `prewrite.rs` | (`warmMappedFile`) | zero-fill ahead of the write position |
+//! | `spare.rs` | (`AllocateMappedFileService`) | retired segments recycled as the next ones |
 //! | `reader.rs` | `getData`, `selectMappedBuffer` | reads: buffers, files, read-ahead |
 //! | `read_cache.rs` | (the OS page cache) | cached blocks for catch-up reads |
 //! | `recovery/` | `recoverNormally`, `recoverAbnormally` | the scan and its decision table |
@@ -65,6 +66,7 @@ mod recovery;
 mod replica;
 mod retire;
 mod segments;
+mod spare;
 mod transient_store_pool;
 
 pub use reader::{LogReader, READ_AHEAD_BYTES, READ_AHEAD_DEPTH};
@@ -136,6 +138,8 @@ pub struct CommitLog {
     /// Set when retiring a segment failed: no more are retired in this run
     /// (`retire.rs`).
     retire_failed: RefCell<Option<String>>,
+    /// Retired segments kept for reuse (`spare.rs`).
+    spares: spare::Spares,
 }
 
 /// Where a blob of records goes: `start`, after an optional blank at `blank_at`.
@@ -168,6 +172,7 @@ impl CommitLog {
             .unwrap_or(cfg.log_base_offset);
         let buf_bytes = cfg.write_buffer_bytes as u64;
         let mark = FlushMarkFile::read(&cfg.disk, &cfg.root)?;
+        let spares = spare::Spares::open(&cfg)?;
         Ok(Rc::new(CommitLog {
             dir,
             seg_bytes: cfg.commit_log_segment_bytes,
@@ -198,6 +203,7 @@ impl CommitLog {
             mark_wake: Notify::default(),
             writer_done: Cell::new(false),
             retire_failed: RefCell::new(None),
+            spares,
             cfg,
         }))
     }

@@ -72,6 +72,11 @@ impl CommitLog {
             let w = align_up(self.written.get());
             let from = done.max(w + chunk);
             let seg = self.segment_start(from);
+            if self.segment_prezeroed(seg) {
+                // A recycled segment: zero-filled before it was taken (`spare.rs`).
+                done = seg + self.seg_bytes;
+                continue;
+            }
             let to = (from + chunk).min(seg + self.seg_bytes);
             let file = self.segment_file(seg);
             let (Some(file), true) = (file, to <= w + ahead) else {

@@ -10,7 +10,8 @@
 //!    the last `Rc<File>` is then held only by reads already in flight, which finish
 //!    on the open file (an unlinked file stays readable while open), and its blocks are
 //!    freed when the last one ends.
-//! 3. The file is unlinked, then its directory synced, off the executor. One segment
+//! 3. The file is unlinked (or moved to `spare/` for reuse, `spare.rs`), then its
+//!    directory synced, off the executor. One segment
 //!    at a time with the sync in between: after a crash at most the last removal is
 //!    undone, so the segments stay contiguous (a removal lost behind a later one would
 //!    leave a gap, which open refuses).
@@ -58,7 +59,9 @@ impl CommitLog {
     /// Retires the oldest segment (module docs) when it ends at or below `limit`; the
     /// segment holding `written` is never retired, whatever `limit` says. Returns the
     /// retired segment's start, or `None` when nothing qualified.
-    pub async fn retire_oldest(&self, limit: u64) -> Result<Option<u64>> {
+    /// Kept as a spare for reuse (`spare.rs`) when recycling is on, fewer spares than
+    /// allowed exist and not `space_pressure`; deleted otherwise.
+    pub async fn retire_oldest(&self, limit: u64, space_pressure: bool) -> Result<Option<u64>> {
         if let Some(why) = self.retire_failed.borrow().clone() {
             return Err(Error::Failed(why));
         }
@@ -82,14 +85,18 @@ impl CommitLog {
         let path = file.path.clone();
         drop(file);
         let dir = self.dir.clone();
-        let removed = self
-            .cfg
-            .disk
-            .off_executor(move |d| {
-                d.remove_file(&path)?;
-                d.sync_dir(&dir)
-            })
-            .await;
+        let spare = self.keeps_spare(space_pressure);
+        let removed = if spare {
+            self.retire_to_spare(seg, path).await
+        } else {
+            self.cfg
+                .disk
+                .off_executor(move |d| {
+                    d.remove_file(&path)?;
+                    d.sync_dir(&dir)
+                })
+                .await
+        };
         if let Err(e) = removed {
             let why = format!(
                 "retiring segment {seg} failed: {e}; no more segments are retired until reopened"
@@ -101,6 +108,7 @@ impl CommitLog {
         tracing::info!(
             segment = seg,
             min_offset = end,
+            kept_as_spare = spare,
             "commit-log segment deleted"
         );
         Ok(Some(seg))

@@ -3,8 +3,9 @@
 //! size and is named by its start offset in 20 digits, as RocketMQ names them.
 //!
 //! Invariants: the segments are contiguous (no gap between the first and the last),
-//! every one has exactly the configured size (created sparse, at full size, and synced
-//! with its directory entry before anything is written to it), and a record never
+//! every one has exactly the configured size (created sparse at full size, or a
+//! zero-filled spare renamed into place, and synced with its directory entry before
+//! anything is written to it), and a record never
 //! spans two (the last bytes of a segment are a blank record). Segments are created by
 //! the writer, one ahead of the write position, so no put waits for a file creation.
 
@@ -94,14 +95,22 @@ impl CommitLog {
         self.segments.borrow().keys().next_back().copied()
     }
 
-    /// The segment file starting at `start`, created (sized, sparse) if missing.
+    /// The segment file starting at `start`, if missing a spare renamed into place
+    /// (`spare.rs`) or else created (sized, sparse).
     pub(super) async fn ensure_segment(&self, start: u64) -> Result<Rc<File>> {
         if let Some(f) = self.segment_file(start) {
             return Ok(f);
         }
-        let path = self.segment_path(start);
-        let f = self.cfg.disk.create_sized(&path, self.seg_bytes).await?;
-        tracing::debug!(path = %path.display(), "created commit-log segment");
+        let f = match self.take_spare(start).await {
+            Some(f) => f,
+            None => {
+                let path = self.segment_path(start);
+                let f = self.cfg.disk.create_sized(&path, self.seg_bytes).await?;
+                tracing::debug!(path = %path.display(), "created commit-log segment");
+                self.spares.created.set(self.spares.created.get() + 1);
+                f
+            }
+        };
         Ok(self.segments.borrow_mut().entry(start).or_insert(f).clone())
     }
 

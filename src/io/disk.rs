@@ -160,6 +160,27 @@ impl Disk {
         .map_err(|e| Error::io("remove", path, 0, e))
     }
 
+    /// Renames `from` to `to` (replacing `to`); durable once the caller syncs both
+    /// directories (`sync_dir`): until then a crash may leave either name or both.
+    pub fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        match self {
+            Disk::Real => std::fs::rename(from, to),
+            Disk::Sim(d) => d.rename(from, to),
+        }
+        .map_err(|e| Error::io("rename", from, 0, e))
+    }
+
+    /// How many directory entries name the file at `path` (`st_nlink`): more than one
+    /// after a crash in the middle of a rename between two directories.
+    pub fn link_count(&self, path: &Path) -> Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        match self {
+            Disk::Real => std::fs::metadata(path).map(|m| m.nlink()),
+            Disk::Sim(d) => d.link_count(path),
+        }
+        .map_err(|e| Error::io("stat", path, 0, e))
+    }
+
     /// Removes a directory tree and syncs its parent, so the removal is durable.
     pub fn remove_dir_all(&self, path: &Path) -> Result<()> {
         match self {

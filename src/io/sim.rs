@@ -599,6 +599,19 @@ impl SimDisk {
         Ok(())
     }
 
+    /// How many names the file at `path` has.
+    pub(crate) fn link_count(&self, path: &Path) -> std::io::Result<u64> {
+        let st = self.st();
+        let Some(Entry::File(ino)) = st.names.get(path) else {
+            return Err(std::io::ErrorKind::NotFound.into());
+        };
+        Ok(st
+            .names
+            .values()
+            .filter(|e| **e == Entry::File(*ino))
+            .count() as u64)
+    }
+
     /// `(name, path, is_dir)` of a directory's entries, or `None` if it is missing.
     pub(crate) fn list(&self, dir: &Path) -> std::io::Result<Option<Vec<(String, PathBuf, bool)>>> {
         let mut st = self.st();

@@ -137,6 +137,9 @@ pub struct NodeConfig {
     /// Commit-log segment size (RocketMQ `mappedFileSizeCommitLog`: 1 GiB); fixed
     /// when the store is created.
     pub segment_bytes: u64,
+    /// Retired segments kept zero-filled for reuse as the next ones
+    /// (`StoreConfig::commit_log_spare_segments`; 0: deleted).
+    pub spare_segments: usize,
     /// Delay levels (RocketMQ `messageDelayLevel`): `ScheduleConfig::message_delay_level`.
     pub message_delay_level: String,
     /// Accept timed messages (RocketMQ 5 `timerWheelEnable`): must stay off (the
@@ -211,6 +214,7 @@ impl Default for NodeConfig {
             delete_file_batch_max: 10,
             clean_interval_ms: 10_000,
             segment_bytes: 1 << 30,
+            spare_segments: 0,
             message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.into(),
             timer_enable: false,
             timer_max_delay_sec: 3 * 86_400,
@@ -340,6 +344,7 @@ impl NodeConfig {
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
         s.store.ha = self.ha_config();
         s.store.commit_log_segment_bytes = self.segment_bytes;
+        s.store.commit_log_spare_segments = self.spare_segments;
         s.store.disk_full_ratio = self.disk_full_ratio;
         let r = &mut s.store.retention;
         r.file_reserved_time = Duration::from_secs(self.file_reserved_hours.saturating_mul(3600));

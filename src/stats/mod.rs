@@ -200,6 +200,13 @@ pub struct StoreStats {
     /// The log's first and end offsets (per shard; a sum has the totals held).
     pub log_min: u64,
     pub log_max: u64,
+    /// Commit-log segments created as new files, and taken from the spares
+    /// (`commit_log_spare_segments`), since the store opened.
+    pub segments_created: u64,
+    pub segments_reused: u64,
+    /// Spare segments zero-filled and ready, and still to be zero-filled.
+    pub spare_segments_ready: u64,
+    pub spare_segments_pending: u64,
     /// Turns of the shard's executor over the stall threshold (`crate::shard::stall`).
     pub stalls: u64,
     /// The last stall: how long and which task queues ran (per shard).
@@ -235,6 +242,10 @@ impl StoreStats {
             t.pool_bytes += s.pool_bytes;
             t.log_min += s.log_min;
             t.log_max += s.log_max;
+            t.segments_created += s.segments_created;
+            t.segments_reused += s.segments_reused;
+            t.spare_segments_ready += s.spare_segments_ready;
+            t.spare_segments_pending += s.spare_segments_pending;
             t.stalls += s.stalls;
             t.self_checks += s.self_checks;
             t.self_check_problems += s.self_check_problems;

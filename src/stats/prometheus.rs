@@ -10,7 +10,7 @@ use std::fmt::Write;
 /// shard order) to `out`.
 pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
     type Pick = fn(&StoreStats) -> u64;
-    let counters: [(&str, &str, Pick); 10] = [
+    let counters: [(&str, &str, Pick); 12] = [
         ("coremq_store_put_calls_total", "Store put calls.", |s| {
             s.put_calls
         }),
@@ -57,6 +57,16 @@ pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
             "Problems the periodic self-check found.",
             |s| s.self_check_problems,
         ),
+        (
+            "coremq_store_segments_created_total",
+            "Commit-log segments created as new files.",
+            |s| s.segments_created,
+        ),
+        (
+            "coremq_store_segments_reused_total",
+            "Commit-log segments taken from the spares (recycled).",
+            |s| s.segments_reused,
+        ),
     ];
     for (name, help, pick) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -64,7 +74,7 @@ pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
             let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", pick(s));
         }
     }
-    let gauges: [(&str, &str, Pick); 5] = [
+    let gauges: [(&str, &str, Pick); 6] = [
         (
             "coremq_store_dispatch_lag_bytes",
             "Written but not yet dispatched to queues and index.",
@@ -88,6 +98,11 @@ pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
         ("coremq_store_pool_bytes", "Write-buffer pool size.", |s| {
             s.pool_bytes
         }),
+        (
+            "coremq_store_spare_segments",
+            "Retired commit-log segments kept zero-filled for reuse.",
+            |s| s.spare_segments_ready,
+        ),
     ];
     for (name, help, pick) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");

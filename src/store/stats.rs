@@ -21,6 +21,12 @@ impl Store {
         s.pool_used = s.flush_lag.min(s.pool_bytes);
         s.log_min = self.min_log_offset();
         s.log_max = written;
+        let (created, reused) = inner.log.segment_counts();
+        s.segments_created = created;
+        s.segments_reused = reused;
+        let (ready, pending) = inner.log.spare_segments();
+        s.spare_segments_ready = ready as u64;
+        s.spare_segments_pending = pending as u64;
         // Counted on this thread: the shard's executor when the store runs sharded.
         s.stalls = crate::shard::stall::stalls_here();
         s.last_stall = crate::shard::stall::last_stall_here();
