@@ -48,10 +48,10 @@ async fn put_range(store: &Store, from: u64, to: u64) {
 async fn check_queue(store: &Store, last: u64) -> u64 {
     let got = read_all(store, "T", 0).await;
     assert!(!got.is_empty());
-    let first = got[0].queue_offset as u64;
+    let first = got[0].queue_offset;
     for (k, m) in got.iter().enumerate() {
         let n = first + k as u64;
-        assert_eq!(m.queue_offset as u64, n);
+        assert_eq!(m.queue_offset, n);
         assert_eq!(m.body, body("T", 0, n), "message {n}");
     }
     assert_eq!(
