@@ -8,7 +8,7 @@
 # scenarios (`coremq bench`), each result next to its baseline as a ratio:
 #   1-4  puts (async 1 KiB on the shards and 1b from threads through the handle,
 #        async 16 KiB, sync group commit with 256 outstanding and 3b one put at a
-#        time, tailing consumers);
+#        time, 3c the same into new and into recycled segments, tailing consumers);
 #   5    catch-up reads of a kept store several times larger than the write pools,
 #        from every queue's first offset (5a: one queue per shard, 5b: 64 queues);
 #   6    random key queries (each asking every shard) over a store with many keys;
@@ -205,7 +205,16 @@ if want 3; then
     # mean latency is outstanding / throughput by Little's law, whatever the disk does.)
     run s3b-sync-1 "sync flush, 1 KiB, 1 outstanding, 1 shard" \
         --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 1 --shards 1
-else skip s3-sync-1k s3b-sync-1; fi
+    # 3c: the same into new segments (sparse, zero-filled ahead by the prewriter) and
+    # into recycled ones (retired segments kept zero-filled, `--spare-segments`): 8 MiB
+    # segments, 8 written and retired first, so the run crosses several.
+    run s3c-fresh "sync flush, 1 KiB, 1 outstanding, new segments" \
+        --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 1 --shards 1 \
+        --segment-mib 8 --fill-segments 8
+    run s3c-recycled "sync flush, 1 KiB, 1 outstanding, recycled segments" \
+        --duration "$secs" --body 1024 --queues 64 --flush sync --outstanding 1 --shards 1 \
+        --segment-mib 8 --fill-segments 8 --spare-segments 8
+else skip s3-sync-1k s3b-sync-1 s3c-fresh s3c-recycled; fi
 # Tailing consumers under an open loop at a quarter of scenario 1's closed-loop rate:
 # a load the shards have CPU to spare for, so consumers should keep up.
 s4_rate=$(jq '((.messages_per_sec // 400000) / 4) | floor' "$detail/s1-async-1k.json")
@@ -421,6 +430,16 @@ s3b_result() {
 s3b_ratio() {
     echo "$(ratio "$(j s3b-sync-1 .put_latency_us.p50)" "$fsync_p50") (p50), $(ratio "$(j s3b-sync-1 .put_latency_us.p99)" "$fsync_p99") (p99)"
 }
+s3c_result() {
+    echo "new: $(fmt "$(j s3c-fresh .messages_per_sec)") msg/s, p50 $(fmt "$(j s3c-fresh .put_latency_us.p50)" 1) µs," \
+        "p99 $(fmt "$(j s3c-fresh .put_latency_us.p99)" 1) µs; recycled: $(fmt "$(j s3c-recycled .messages_per_sec)") msg/s," \
+        "p50 $(fmt "$(j s3c-recycled .put_latency_us.p50)" 1) µs, p99 $(fmt "$(j s3c-recycled .put_latency_us.p99)" 1) µs"
+}
+s3c_ratio() {
+    echo "recycled/new p50 $(ratio "$(j s3c-recycled .put_latency_us.p50)" "$(j s3c-fresh .put_latency_us.p50)")," \
+        "p99 $(ratio "$(j s3c-recycled .put_latency_us.p99)" "$(j s3c-fresh .put_latency_us.p99)");" \
+        "recycled p50 $(ratio "$(j s3c-recycled .put_latency_us.p50)" "$fsync_p50") of fio"
+}
 s4_result() {
     echo "$(fmt "$(j s4-consumers .messages_per_sec)") msg/s put; end-to-end p50" \
         "$(fmt "$(j s4-consumers .e2e_latency_us.p50)" 1) µs, p99 $(fmt "$(j s4-consumers .e2e_latency_us.p99)" 1) µs"
@@ -512,6 +531,9 @@ s10_ratio() {
     scenario s3b-sync-1 "3b. sync, 1 KiB, 1 outstanding, 1 shard" \
         "fio 4 KiB write+fdatasync p50 $(fmt "$fsync_p50" 1) µs, p99 $(fmt "$fsync_p99" 1) µs" \
         s3b_result s3b_ratio
+    scenario s3c-recycled "3c. sync, 1 KiB, 1 outstanding, new vs recycled segments" \
+        "fio 4 KiB write+fdatasync p50 $(fmt "$fsync_p50" 1) µs; new segments, same run" \
+        s3c_result s3c_ratio
     scenario s4-consumers "4. tailing consumers, $(fmt "$s4_rate") msg/s offered" \
         "consumers read all while producing" s4_result s4_ratio
     scenario s5a-catch-up "5a. catch-up read, $(fmt "$s5_msgs") x 4 KiB, 1 queue per shard" \
@@ -561,6 +583,7 @@ jq -n \
     --slurpfile s1 "$detail/s1-async-1k.json" --slurpfile s1b "$detail/s1b-handle.json" \
     --slurpfile s2 "$detail/s2-async-16k.json" \
     --slurpfile s3 "$detail/s3-sync-1k.json" --slurpfile s3b "$detail/s3b-sync-1.json" \
+    --slurpfile s3cf "$detail/s3c-fresh.json" --slurpfile s3cr "$detail/s3c-recycled.json" \
     --slurpfile s4 "$detail/s4-consumers.json" \
     --slurpfile s5aw "$detail/s5a-write.json" --slurpfile s5a "$detail/s5a-catch-up.json" \
     --slurpfile s5bw "$detail/s5b-write.json" --slurpfile s5b "$detail/s5b-catch-up.json" \
@@ -593,6 +616,9 @@ jq -n \
             "3b_sync_1k_1_outstanding": ($s3b[0] + {
                 p50_ratio_to_fio_fdatasync: (($s3b[0].put_latency_us.p50 // 0) / $fsync_p50),
                 p99_ratio_to_fio_fdatasync: (($s3b[0].put_latency_us.p99 // 0) / $fsync_p99)}),
+            "3c_sync_1k_new_vs_recycled_segments": {new: $s3cf[0], recycled: $s3cr[0],
+                p50_ratio_recycled_to_new: (($s3cr[0].put_latency_us.p50 // 0) / ([$s3cf[0].put_latency_us.p50 // 1, 1e-9] | max)),
+                p99_ratio_recycled_to_new: (($s3cr[0].put_latency_us.p99 // 0) / ([$s3cf[0].put_latency_us.p99 // 1, 1e-9] | max))},
             "4_consumers": $s4[0],
             "5a_catch_up_read_1_queue_per_shard": ($s5a[0] + {write: $s5aw[0],
                 ratio_to_fio_read: (($s5a[0].mb_per_sec // 0) * 1e6 / $read_bw)}),

@@ -236,6 +236,19 @@ pub struct LoadConfig {
     /// sync mode, off in async mode)
     #[arg(long, value_name = "MIB")]
     pub prewrite_mib: Option<u64>,
+    /// Commit-log segment size in MiB (the store's `commit_log_segment_bytes`);
+    /// default: the store's (1 GiB)
+    #[arg(long, value_name = "MIB")]
+    pub segment_mib: Option<u64>,
+    /// Retired segments each shard keeps zero-filled for reuse (the store's
+    /// `commit_log_spare_segments`; segment recycling); default 0
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub spare_segments: usize,
+    /// Before the measured run, each shard writes this many segments of filler and
+    /// retires them (kept as spares with --spare-segments, else deleted), so the run
+    /// writes into recycled or new segments (scenario 3c)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub fill_segments: u64,
     /// Let every shard's executor spin this long for I/O before parking (glommio's
     /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
     #[arg(long, value_name = "US")]
@@ -308,6 +321,10 @@ impl LoadConfig {
         if let Some(mib) = self.prewrite_mib {
             c.commit_log_prewrite_bytes = Some(mib << 20);
         }
+        if let Some(mib) = self.segment_mib {
+            c.commit_log_segment_bytes = mib << 20;
+        }
+        c.commit_log_spare_segments = self.spare_segments;
         if self.slave {
             c.ha.role = crate::HaRole::SyncMaster;
             c.ha.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -392,6 +409,9 @@ impl LoadConfig {
             "read_cache_mib": self.read_cache_mib,
             "sync_io": match self.sync_io { SyncIo::Dsync => "dsync", SyncIo::Ring => "ring" },
             "prewrite_mib": self.prewrite_mib,
+            "segment_mib": self.segment_mib,
+            "spare_segments": self.spare_segments,
+            "fill_segments": self.fill_segments,
             "spin_us": self.spin_us,
             "stall_ms": self.stall_ms,
             "slave": self.slave,

@@ -114,6 +114,11 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
         drained: Cell::new(false),
         stop_consumers: Cell::new(false),
     });
+    if plan.cfg.fill_segments > 0
+        && let Err(e) = fill_and_retire(&store, &plan, index).await
+    {
+        shard.error(format!("filling and retiring segments: {e}"));
+    }
     let log_start = store.max_log_offset();
 
     let mut consumers = Vec::new();
@@ -248,4 +253,45 @@ async fn monitor(store: Store, plan: Arc<Plan>, index: usize) {
             .fetch_max(positions[0] - positions[3], Ordering::Relaxed);
         glommio::timer::sleep(MONITOR_INTERVAL).await;
     }
+}
+
+/// `--fill-segments`: writes that many segments of 64 KiB filler messages to the
+/// shard's first queue, retires them (kept as spares with `--spare-segments`), and
+/// waits until the spares are zero-filled, so the measured run writes into recycled
+/// (or, without spares, new) segments.
+async fn fill_and_retire(store: &Store, plan: &Plan, index: usize) -> crate::Result<()> {
+    let Some(q) = plan.owned[index].first() else {
+        return Ok(());
+    };
+    let seg = store.config().commit_log_segment_bytes;
+    let target = store.max_log_offset() + plan.cfg.fill_segments * seg;
+    let body = vec![b'f'; 64 << 10];
+    let msgs: Vec<Message> = (0..8)
+        .map(|_| Message::new(q.topic.clone(), q.id, body.clone()))
+        .collect();
+    while store.max_log_offset() < target {
+        let r = store.put_batch(&msgs).await;
+        if r.status != PutStatus::PutOk {
+            return Err(crate::Error::Failed(format!("filler put: {:?}", r.status)));
+        }
+    }
+    store.wait_dispatched().await;
+    store.checkpoint().await?;
+    let old = store.retention_config();
+    let mut now = old.clone();
+    now.file_reserved_time = Duration::ZERO;
+    now.delete_file_batch_max = plan.cfg.fill_segments as usize + 1;
+    now.delete_interval = Duration::ZERO;
+    store.set_retention_config(now)?;
+    glommio::timer::sleep(Duration::from_millis(2)).await;
+    let pass = store.delete_expired_files().await;
+    store.set_retention_config(old)?;
+    pass?;
+    for _ in 0..60_000 {
+        if store.stats().spare_segments_pending == 0 {
+            break;
+        }
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
