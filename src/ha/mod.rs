@@ -194,8 +194,6 @@ impl HaService {
         if let Some(addr) = cfg.listen {
             let l = TcpListener::bind(addr)
                 .map_err(|e| Error::Config(format!("cannot bind the HA port {addr}: {e}")))?;
-            l.set_nonblocking(true)
-                .map_err(|e| Error::io("set_nonblocking", "ha listener", 0, e))?;
             svc.listen_addr = l.local_addr().ok();
             let (h, links) = (handle.clone(), (0..handle.shards()).map(link).collect());
             let t = std::thread::Builder::new()
@@ -225,6 +223,13 @@ impl HaService {
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.listener.take() {
+            // The accept is blocking: a connection wakes it to see the flag.
+            if let Some(mut a) = self.listen_addr {
+                if a.ip().is_unspecified() {
+                    a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
+            }
             let _ = t.join();
         }
     }
@@ -240,8 +245,12 @@ impl Drop for HaService {
 /// report and hands it to its shard (module docs).
 fn accept_loop(l: TcpListener, handle: Handle, links: Vec<ShardLink>) {
     let stop = links[0].stop.clone();
-    while !stop.load(Ordering::SeqCst) {
-        match l.accept() {
+    loop {
+        let accepted = l.accept();
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match accepted {
             Ok((s, peer)) => {
                 let (handle, links) = (handle.clone(), links.clone());
                 let spawned = std::thread::Builder::new()
@@ -254,9 +263,6 @@ fn accept_loop(l: TcpListener, handle: Handle, links: Vec<ShardLink>) {
                 if let Err(e) = spawned {
                     tracing::error!(%peer, error = %e, "cannot start an HA connection thread");
                 }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "HA accept failed");

@@ -120,6 +120,9 @@ pub(crate) struct NodeState {
     pub arrivals: Arc<Arrivals>,
     pub metrics: Metrics,
     pub shutting: AtomicBool,
+    /// Wakes the node's periodic threads (`pause`) when `shutting` is set.
+    shut_lock: Mutex<()>,
+    shut_cv: std::sync::Condvar,
     pub next_queue: AtomicU64,
     /// Pulls held right now (long polling), bounded by `max_held_pulls`.
     pub held: Arc<AtomicUsize>,
@@ -265,6 +268,8 @@ impl Node {
             outboxes: Outboxes::default(),
             arrivals,
             shutting: AtomicBool::new(false),
+            shut_lock: Mutex::new(()),
+            shut_cv: std::sync::Condvar::new(),
             next_queue: AtomicU64::new(0),
             held: Arc::new(AtomicUsize::new(0)),
             next_conn: AtomicU64::new(1),
@@ -396,6 +401,10 @@ impl Node {
         let st = &self.state;
         tracing::info!("node shutting down");
         st.shutting.store(true, Ordering::SeqCst);
+        {
+            let _g = lock(&st.shut_lock);
+            st.shut_cv.notify_all();
+        }
         // Wake the accept threads (each sees the flag on its next accept).
         for addr in &self.wake {
             let _ = TcpStream::connect_timeout(&wake_addr(*addr), Duration::from_secs(1));
@@ -483,8 +492,7 @@ fn wake_addr(addr: SocketAddr) -> SocketAddr {
 fn housekeeping(st: Arc<NodeState>) {
     let every = Duration::from_millis(st.cfg.offset_flush_interval_ms.max(10));
     let mut last = Instant::now();
-    while !st.shutting.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(50));
+    while st.pause(WATCH_INTERVAL.min(every)) {
         watch_shards(&st);
         if last.elapsed() < every {
             continue;
@@ -497,6 +505,22 @@ fn housekeeping(st: Arc<NodeState>) {
             .expire(Duration::from_millis(st.cfg.client_expiry_ms));
         st.producers
             .expire(Duration::from_millis(st.cfg.client_expiry_ms));
+    }
+}
+
+/// How often the watchdog looks at the shards' threads (a wake-up of an idle node: 4 a
+/// second, not 20).
+const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+impl NodeState {
+    /// Sleeps `d`, or less when the node starts shutting down; returns whether it is
+    /// still serving. The node's periodic threads sleep here, not in polling loops.
+    pub(crate) fn pause(&self, d: Duration) -> bool {
+        let g = lock(&self.shut_lock);
+        let _ = self
+            .shut_cv
+            .wait_timeout_while(g, d, |_| !self.shutting.load(Ordering::SeqCst));
+        !self.shutting.load(Ordering::SeqCst)
     }
 }
 

@@ -19,7 +19,7 @@ use crate::transaction::check::{CheckBack, CheckRules, Checker};
 use crate::transaction::{CHECK_GROUP, HALF_TOPIC, TRANSACTION_ID};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Opaques of broker-started requests (negative: never a client's own).
 static NEXT_OPAQUE: AtomicI32 = AtomicI32::new(i32::MIN / 2);
@@ -31,13 +31,7 @@ pub(super) fn check_loop(st: Arc<NodeState>) {
         check_max: st.cfg.transaction_check_max,
     };
     let mut checker = Checker::default();
-    let mut last = Instant::now();
-    while !st.shutting.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(10).min(every));
-        if last.elapsed() < every {
-            continue;
-        }
-        last = Instant::now();
+    while st.pause(every) {
         let progress = st.offsets.get(CHECK_GROUP, HALF_TOPIC, 0).unwrap_or(0);
         let pass = checker.pass(&st.handle, progress, rules, crate::now_ms(), |c| {
             ask(&st, c)

@@ -30,6 +30,7 @@ use crate::consume_queue::Placed;
 use crate::error::{Error, Result};
 use crate::format::Corruption;
 use crate::format::consume_queue::CqEntry;
+use crate::format::schedule::SCHEDULE_TOPIC;
 use crate::format::record::{self, Decoded, RecordView, Records, Verify};
 use std::rc::Rc;
 use std::time::Duration;
@@ -285,7 +286,12 @@ impl Inner {
         };
         self.last_dispatched_ts.set(r.store_timestamp);
         match q.cq.put(r.queue_offset as u64, entry, rebuild) {
-            Placed::Appended => Ok(true),
+            Placed::Appended => {
+                if r.topic == SCHEDULE_TOPIC {
+                    self.schedule_arrived(r.queue_id);
+                }
+                Ok(true)
+            }
             Placed::Duplicate => Ok(false),
             Placed::Gap { expected } => Err(Error::Corrupt {
                 path: self

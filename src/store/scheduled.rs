@@ -41,6 +41,10 @@ pub(super) struct Scheduling {
     delivered: RefCell<Delivered>,
     services: RefCell<Vec<Service>>,
     on_delivered: Option<crate::config::DeliveredHook>,
+    /// Per level (queue id): notified when dispatch appends an entry to that
+    /// `SCHEDULE_TOPIC_XXXX` queue, so an idle level task sleeps until then instead of
+    /// polling (`crate::schedule`).
+    arrivals: Vec<crate::wake::Notify>,
 }
 
 /// `<root>/config/delayOffset.json`.
@@ -65,8 +69,10 @@ impl Scheduling {
                 Delivered::from_file(&file, own_shard)
             }
         };
+        let levels = cfg.schedule.levels()?;
         Ok(Scheduling {
-            levels: cfg.schedule.levels()?,
+            arrivals: (0..levels.count()).map(|_| Default::default()).collect(),
+            levels,
             timer: TimerRules {
                 enabled: cfg.schedule.timer_enable,
                 max_delay_ms: cfg.schedule.timer_max_delay.as_millis() as i64,
@@ -182,7 +188,30 @@ pub(super) fn refusal_status(r: Refusal) -> PutStatus {
     })
 }
 
+impl Inner {
+    /// Dispatch appended an entry to `SCHEDULE_TOPIC_XXXX` queue `queue_id`.
+    pub(super) fn schedule_arrived(&self, queue_id: i32) {
+        if let Some(n) = usize::try_from(queue_id)
+            .ok()
+            .and_then(|q| self.sched.arrivals.get(q))
+        {
+            n.notify();
+        }
+    }
+}
+
 impl Store {
+    /// Completes when dispatch appended an entry to level `level`'s queue since the
+    /// last completion (at once for a level out of range). One waiter per level: the
+    /// level's delivery task (`crate::schedule`).
+    pub async fn schedule_arrival(&self, level: i32) {
+        let q = usize::try_from(level - 1).ok();
+        match q.and_then(|q| self.inner.sched.arrivals.get(q)) {
+            Some(n) => n.wait().await,
+            None => {}
+        }
+    }
+
     /// The store's delay levels (`ScheduleConfig::message_delay_level`).
     pub fn delay_levels(&self) -> &DelayLevels {
         &self.inner.sched.levels
