@@ -329,7 +329,7 @@ remote_run() {
         mv "$detail/$name.json.tmp" "$detail/$name.json"
     fi
 }
-s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-single s10-batch s10-one s10-pull"
+s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-batch s10-one s10-pull"
 if want 10; then
     run s10-embedded "embedded async puts, 1 KiB, 8 queues" \
         --duration "$secs" --body 1024 --queues 8
@@ -349,6 +349,18 @@ if want 10; then
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
         sleep 0.1
     done
+    # Idle (issue 22): the node's CPU over a quiet spell, as a share of one core.
+    log "scenario s10-idle: node idle for $secs s"
+    sleep 2
+    c0=$(node_cpu)
+    sleep "$secs"
+    c1=$(node_cpu)
+    jq -n --argjson c "$(echo "$c1 - $c0" | bc -l)" --argjson s "$secs" \
+        '{label: "node: idle", ok: true, node_cpu_seconds: $c, seconds: $s, core_share: ($c / $s)}' \
+        >"$detail/s10-idle.json"
+    # A light load (issue 22): 1,000 sends a second offered, one producer.
+    remote_run s10-rate1k "node: 1,000 msg/s offered, 1 KiB" "127.0.0.1:$port" \
+        --duration "$secs" --body 1024 --queues 8 --producers 1 --outstanding 8 --rate 1000
     remote_run s10-single "node: single sends, 1 KiB, 4 x 64 outstanding" "127.0.0.1:$port" \
         --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
     remote_run s10-batch "node: batched sends, 32 x 1 KiB, 4 x 8 outstanding" "127.0.0.1:$port" \
@@ -500,7 +512,10 @@ s10_result() {
         "(client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); batched: $(fmt "$(j s10-batch .messages_per_sec)") msg/s," \
         "node $(fmt "$(j s10-batch .node_cpu_us_per_message)" 2) µs CPU/msg; one in flight: p50 $(fmt "$(j s10-one .send_latency_us.p50)") µs," \
         "p99 $(fmt "$(j s10-one .send_latency_us.p99)") µs, node $(fmt "$(j s10-one .node_cpu_us_per_message)" 1) µs CPU/msg;" \
-        "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s"
+        "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s;" \
+        "idle $(fmt "$(j s10-idle '(.core_share // 0) * 100')" 2)% of a core; at 1,000 msg/s offered" \
+        "$(fmt "$(j s10-rate1k '(.node_cpu_seconds // 0) * 100 / ([.seconds // 1, 0.001] | max)')" 1)% of a core," \
+        "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg"
 }
 s10_baseline() {
     echo "embedded put $(fmt "$(j s10-embedded .cpu_us_per_message)" 2) µs CPU/msg;" \
@@ -596,6 +611,7 @@ jq -n \
     --slurpfile s10c "$detail/s10-catch-up.json" --slurpfile s10echo "$detail/s10-echo.json" \
     --slurpfile s10s "$detail/s10-single.json" --slurpfile s10b "$detail/s10-batch.json" \
     --slurpfile s10o "$detail/s10-one.json" --slurpfile s10p "$detail/s10-pull.json" \
+    --slurpfile s10idle "$detail/s10-idle.json" --slurpfile s10r1k "$detail/s10-rate1k.json" \
     '{
         machine: $machine, date: $date, quick: ($quick == 1),
         fio: {
@@ -640,6 +656,7 @@ jq -n \
             "10_node": {
                 embedded: $s10e[0], catch_up_write: $s10cw[0], catch_up: $s10c[0], echo: $s10echo[0],
                 single: $s10s[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
+                idle: $s10idle[0], rate_1k: $s10r1k[0],
                 node_cpu_ratio_to_embedded_single: (($s10s[0].node_cpu_us_per_message // null)
                     | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
                 node_cpu_ratio_to_embedded_batch: (($s10b[0].node_cpu_us_per_message // null)

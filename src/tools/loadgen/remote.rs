@@ -115,6 +115,9 @@ struct Shared {
     hist: Mutex<Histogram<u64>>,
     /// Every frame that comes back counts (the echo server answers with the request).
     echo: bool,
+    /// `--rate`: message `i` is sent no sooner than `started + i / rate`.
+    started: Instant,
+    rate: Option<f64>,
 }
 
 impl Shared {
@@ -125,6 +128,16 @@ impl Shared {
             return None;
         }
         let i = self.next.fetch_add(n, Ordering::Relaxed);
+        if let Some(rate) = self.rate.filter(|r| *r > 0.0) {
+            let due = self.started + Duration::from_secs_f64(i as f64 / rate);
+            if due >= self.deadline {
+                return None;
+            }
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
         match self.limit {
             Some(limit) if i >= limit => None,
             Some(limit) => Some((i, n.min(limit - i))),
@@ -599,6 +612,8 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         bytes: AtomicU64::new(0),
         hist: Mutex::new(Histogram::new(3).expect("histogram")),
         echo,
+        started,
+        rate: cfg.rate,
     });
     let producers: Vec<_> = (0..cfg.producers.max(1))
         .map(|_| {
