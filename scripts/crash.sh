@@ -3,26 +3,32 @@
 # killed with SIGKILL at random moments, the store is reopened and every acknowledged
 # put is checked, cycle after cycle on one growing store (see tests/crash_loop.rs).
 #
-# Usage: scripts/crash.sh [--cycles N] [--seed S] [--dir DIR]
+# Usage: scripts/crash.sh [--cycles N] [--seed S] [--dir DIR] [--full-every K]
 #   --cycles N  kill/verify cycles (default 200)
+#   --full-every K  check the whole store (and run inspect check) every K-th cycle and
+#               the last; the others check each queue's tail, a sample of older
+#               entries and the lookups (default 1: every cycle; a whole-store check
+#               costs time in proportion to the store, so long runs want ~25-50)
 #   --seed S    replay a run (default: from the clock; printed either way)
 #   --dir DIR   where the work directory goes (default: the temp dir); a failing
 #               run keeps its store there and prints the path
 #
 # The full output goes to crash-loop-<seed>.log in DIR (or the temp dir). The last line is
-#   cycles=N acked=A verified=V lost=L corrupt=C seed=S
+#   cycles=N acked=A verified=V lost=L corrupt=C seed=S whole_store_checks=W
 # and the exit status is 0 only when L and C are both 0.
 set -euo pipefail
 
 cycles=200
 seed=""
 dir=""
+full_every=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --cycles) cycles="$2"; shift ;;
         --seed) seed="$2"; shift ;;
         --dir) dir="$2"; shift ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --full-every) full_every="$2"; shift ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "crash.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -41,7 +47,8 @@ log="$(cd "$logdir" && pwd)/crash-loop-$seed.log"
 
 cargo test --release --features cli --test crash_loop --no-run >&2
 
-export COREMQ_CRASH_CYCLES="$cycles" COREMQ_CRASH_SEED="$seed"
+case "$full_every" in ''|*[!0-9]*) echo "crash.sh: --full-every wants a number" >&2; exit 2 ;; esac
+export COREMQ_CRASH_CYCLES="$cycles" COREMQ_CRASH_SEED="$seed" COREMQ_CRASH_FULL_EVERY="$full_every"
 if [ -n "$dir" ]; then
     export COREMQ_CRASH_DIR="$dir"
 fi

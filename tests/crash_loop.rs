@@ -28,6 +28,13 @@
 //!    older ones are found by `look_by_msg_id` and by `query_by_key` (exactly one hit).
 //!    It shuts the store down and runs `coremq inspect check DIR` (records, every
 //!    ConsumeQueue entry against its record, every record has an entry, checkpoint).
+//!    With `COREMQ_CRASH_FULL_EVERY=N` (N > 1, for long runs: a whole-store check
+//!    costs time in proportion to the store, so a run of N cycles would cost N^2)
+//!    only every N-th cycle and the last check everything that way; the others read
+//!    each queue from `TAIL` entries before where it ended at the last check (so
+//!    every acknowledgement of the cycle and every cut of a tail is checked), check
+//!    `SAMPLES` random older entries per queue against what was seen, do the same
+//!    lookups, and skip `inspect check`.
 //!    At random it then leaves the shards' `abort` files, so the next child recovers
 //!    as after a crash.
 //!
@@ -44,6 +51,7 @@
 //! * `COREMQ_CRASH_CYCLES` (default 8), `COREMQ_CRASH_SEED` (default: from the
 //!   clock; always printed, so a failure can be replayed, within timing);
 //! * `COREMQ_CRASH_DIR`: where to make the work directory (default: the temp dir);
+//! * `COREMQ_CRASH_FULL_EVERY` (default 1): a whole-store check every N cycles (above);
 //! * `COREMQ_TEST_LOG`: the store's tracing output (children's go to their logs).
 //!
 //! ```sh
@@ -87,6 +95,10 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(600);
 const OLD_LOOKUPS: usize = 200;
 /// Threads issuing lookups in the verifier.
 const LOOKUP_THREADS: usize = 4;
+/// A partial check reads each queue from this many entries before its last end.
+const TAIL: u64 = 256;
+/// A partial check compares this many random older entries of each queue.
+const SAMPLES: usize = 16;
 
 fn config(root: &Path) -> ShardedConfig {
     let mut cfg = ShardedConfig::new(root);
@@ -366,6 +378,8 @@ struct Stats {
     verified: usize,
     lost: usize,
     corrupt: usize,
+    /// Cycles that checked the whole store (and ran `inspect check`).
+    full_checks: usize,
 }
 
 /// What one verification found.
@@ -395,11 +409,19 @@ impl Verdict {
     }
 }
 
-/// Reads a whole queue through the handle; stops at the first undecodable record.
-fn read_queue(h: &Handle, t: &str, q: i32, v: &mut Verdict) -> Vec<StoredMessage> {
+/// Reads a queue from `from` to its end through the handle (at most `limit`
+/// records); stops at the first undecodable record.
+fn read_queue(
+    h: &Handle,
+    t: &str,
+    q: i32,
+    from: u64,
+    limit: usize,
+    v: &mut Verdict,
+) -> Vec<StoredMessage> {
     let mut out = Vec::new();
-    let mut off = 0;
-    loop {
+    let mut off = from;
+    while out.len() < limit {
         let r = match block_on(h.get(t, q, off, 32, 1 << 20)) {
             Ok(r) => r,
             Err(e) => {
@@ -454,19 +476,53 @@ fn read_queue(h: &Handle, t: &str, q: i32, v: &mut Verdict) -> Vec<StoredMessage
             }
         }
     }
+    out.truncate(limit);
+    out
 }
 
 /// Compares what the store holds with what earlier cycles saw and what this cycle's
-/// children acknowledged; returns the new state.
-fn compare(h: &Handle, prev: &State, acks: &mut Acks, v: &mut Verdict) -> State {
+/// children acknowledged; returns the new state. `full`: every entry of every queue;
+/// else from `TAIL` before each queue's last end, and `SAMPLES` older ones.
+fn compare(
+    h: &Handle,
+    prev: &State,
+    acks: &mut Acks,
+    full: bool,
+    rng: &mut Rng,
+    v: &mut Verdict,
+) -> State {
     let mut next = State::new();
     for (t, q) in all_queues() {
         let key = (t.to_string(), q);
         let known: &[Known] = prev.get(&key).map_or(&[], |k| k.as_slice());
-        let found = read_queue(h, t, q, v);
-        let mut now = Vec::with_capacity(found.len());
-        for (i, m) in found.iter().enumerate() {
-            let i = i as u64;
+        let start = if full {
+            0
+        } else {
+            (known.len() as u64).saturating_sub(TAIL)
+        };
+        if start > 0 {
+            for _ in 0..SAMPLES {
+                let i = rng.range(0, start - 1);
+                let k = &known[i as usize];
+                let got = read_queue(h, t, q, i, 1, v);
+                let rec = got.first().map(Rec::of);
+                if rec.as_ref() != Some(&k.rec) {
+                    v.fail(
+                        true,
+                        k.acked.then_some(k.rec.uniq_key()),
+                        format!(
+                            "{t}/{q} queue offset {i} (sampled): was {:?} at the last verification, now {rec:?}",
+                            k.rec
+                        ),
+                    );
+                }
+            }
+        }
+        let found = read_queue(h, t, q, start, usize::MAX, v);
+        let mut now: Vec<Known> = known[..start as usize].to_vec();
+        now.reserve(found.len());
+        for (idx, m) in found.iter().enumerate() {
+            let i = start + idx as u64;
             let rec = Rec::of(m);
             let at = format!(
                 "{t}/{q} queue offset {i} (log offset {}, keys {:?})",
@@ -519,7 +575,7 @@ fn compare(h: &Handle, prev: &State, acks: &mut Acks, v: &mut Verdict) -> State 
             }
             now.push(Known { rec, acked });
         }
-        for (i, k) in known.iter().enumerate().skip(found.len()) {
+        for (i, k) in known.iter().enumerate().skip(start as usize + found.len()) {
             let what = if k.acked {
                 "acknowledged"
             } else {
@@ -531,7 +587,7 @@ fn compare(h: &Handle, prev: &State, acks: &mut Acks, v: &mut Verdict) -> State 
                 format!(
                     "{t}/{q} queue offset {i}: {what} message {:?} was there at the last verification and is gone (queue ends at {})",
                     k.rec,
-                    found.len()
+                    start as usize + found.len()
                 ),
             );
         }
@@ -653,6 +709,7 @@ fn verify(
     prev: Arc<State>,
     mut acks: Acks,
     seed: u64,
+    full: bool,
     tx: std::sync::mpsc::Sender<Event>,
 ) {
     let mut v = Verdict::default();
@@ -688,8 +745,9 @@ fn verify(
     if let Err(e) = block_on(h.wait_dispatched()) {
         v.fail(true, None, format!("wait_dispatched: {e}"));
     }
-    let state = compare(&h, &prev, &mut acks, &mut v);
-    lookups(&h, &prev, &state, &mut Rng::new(seed), &mut v);
+    let mut rng = Rng::new(seed);
+    let state = compare(&h, &prev, &mut acks, full, &mut rng, &mut v);
+    lookups(&h, &prev, &state, &mut rng, &mut v);
     if let Err(e) = store.shutdown() {
         v.fail(true, None, format!("shutdown after verification: {e}"));
     }
@@ -717,12 +775,18 @@ fn verify(
 
 /// Runs `verify` on a watchdog: recovery over `OPEN_TIMEOUT` or a verification over
 /// `VERIFY_TIMEOUT` is a failure (the stuck thread is left behind).
-fn verify_with_watchdog(root: &Path, prev: Arc<State>, acks: Acks, seed: u64) -> Verdict {
+fn verify_with_watchdog(
+    root: &Path,
+    prev: Arc<State>,
+    acks: Acks,
+    seed: u64,
+    full: bool,
+) -> Verdict {
     let (tx, rx) = std::sync::mpsc::channel();
     let root2 = root.to_path_buf();
     std::thread::Builder::new()
         .name("crash-loop-verify".into())
-        .spawn(move || verify(root2, prev, acks, seed, tx))
+        .spawn(move || verify(root2, prev, acks, seed, full, tx))
         .expect("spawn verifier");
     let hung = |why: String| {
         let mut v = Verdict::default();
@@ -866,7 +930,7 @@ fn run_child(
 }
 
 /// Runs the crash loop for `cycles` cycles (stopping at the first failing one).
-fn crash_loop(cycles: usize, seed: u64) -> Stats {
+fn crash_loop(cycles: usize, seed: u64, full_every: usize) -> Stats {
     let mut rng = Rng::new(seed);
     let tmp = match std::env::var_os("COREMQ_CRASH_DIR") {
         Some(d) => {
@@ -922,8 +986,12 @@ fn crash_loop(cycles: usize, seed: u64) -> Stats {
             notes.join("; "),
             stats.acked
         );
+        let full = full_every <= 1 || (cycle + 1) % full_every == 0 || cycle + 1 == cycles;
+        if full {
+            stats.full_checks += 1;
+        }
         let mut v = if failures.is_empty() {
-            verify_with_watchdog(&root, state.clone(), acks, rng.next_u64())
+            verify_with_watchdog(&root, state.clone(), acks, rng.next_u64(), full)
         } else {
             let mut v = Verdict::default();
             for f in failures {
@@ -931,7 +999,8 @@ fn crash_loop(cycles: usize, seed: u64) -> Stats {
             }
             v
         };
-        if v.corrupt == 0
+        if full
+            && v.corrupt == 0
             && v.state.is_some()
             && let Some(report) = inspect_check(&root)
         {
@@ -950,8 +1019,13 @@ fn crash_loop(cycles: usize, seed: u64) -> Stats {
         let acked_now: usize = state.values().flatten().filter(|k| k.acked).count();
         stats.verified = acked_now.saturating_sub(v.lost.len());
         eprintln!(
-            "  {messages} messages in the store ({acked_now} acknowledged), {} looked up by id and key; {:.1} s into the run",
+            "  {messages} messages in the store ({acked_now} acknowledged), {} looked up by id and key, {} check; {:.1} s into the run",
             v.lookups,
+            if full {
+                "whole-store"
+            } else {
+                "tail and sample"
+            },
             run_started.elapsed().as_secs_f64()
         );
         if !v.failures.is_empty() {
@@ -997,14 +1071,15 @@ fn crash_loop_keeps_every_acknowledged_put() {
     }
     let cycles = env_usize("COREMQ_CRASH_CYCLES", 8);
     let seed = seed_from_env("COREMQ_CRASH_SEED");
-    let s = crash_loop(cycles, seed);
+    let full_every = env_usize("COREMQ_CRASH_FULL_EVERY", 1);
+    let s = crash_loop(cycles, seed, full_every);
     eprintln!(
         "writers: {} ({} killed before their store was open)",
         s.children, s.early_kills
     );
     println!(
-        "cycles={} acked={} verified={} lost={} corrupt={} seed={seed}",
-        s.cycles, s.acked, s.verified, s.lost, s.corrupt
+        "cycles={} acked={} verified={} lost={} corrupt={} seed={seed} whole_store_checks={}",
+        s.cycles, s.acked, s.verified, s.lost, s.corrupt, s.full_checks
     );
     assert!(
         s.lost == 0 && s.corrupt == 0,

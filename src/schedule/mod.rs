@@ -187,8 +187,7 @@ async fn run_level<H: Host>(host: H, level: i32, delay: Duration, stop: Rc<Stop>
                 store.schedule_arrival(level).await;
                 true
             };
-            if !futures_lite::future::or(arrived, stop.sleep(IDLE_POLL)).await
-                || stop.is_stopped()
+            if !futures_lite::future::or(arrived, stop.sleep(IDLE_POLL)).await || stop.is_stopped()
             {
                 return;
             }

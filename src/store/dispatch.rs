@@ -30,8 +30,8 @@ use crate::consume_queue::Placed;
 use crate::error::{Error, Result};
 use crate::format::Corruption;
 use crate::format::consume_queue::CqEntry;
-use crate::format::schedule::SCHEDULE_TOPIC;
 use crate::format::record::{self, Decoded, RecordView, Records, Verify};
+use crate::format::schedule::SCHEDULE_TOPIC;
 use std::rc::Rc;
 use std::time::Duration;
 
