@@ -37,10 +37,15 @@ pub(super) fn tick(timeout: Duration) -> Duration {
     (timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(20))
 }
 
+/// While no wait has a deadline the ticker sleeps until one registers (`armed`) or
+/// this long: ticking every 20 ms cost an idle shard 50 wake-ups a second. Never
+/// without a timer: a ticker that slept on `armed` alone saw, 1 time in 17 runs of
+/// `tests/stall.rs`, a put answer ~100 ms late (a timer wake lost until glommio's
+/// bounded park, see vendor/glommio/COREMQ-PATCHES.md "Open").
+const IDLE_TICK: Duration = Duration::from_millis(100);
+
 /// The ticker task: until the store is stopped or gone (it holds no strong
-/// reference, so it never keeps a dropped store alive). While no wait has a deadline
-/// it sleeps until one registers (`armed`): ticking all the time cost an idle shard 50
-/// wake-ups a second.
+/// reference, so it never keeps a dropped store alive).
 pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration, armed: Rc<Notify>) {
     loop {
         let idle = {
@@ -53,7 +58,8 @@ pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration, armed: Rc<Not
             !watches(&inner).iter().any(|w| w.has_deadline_waits())
         };
         if idle {
-            armed.wait().await;
+            futures_lite::future::or(armed.wait(), glommio::timer::sleep(IDLE_TICK.max(tick)))
+                .await;
             continue;
         }
         glommio::timer::sleep(tick).await;
