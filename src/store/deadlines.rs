@@ -16,8 +16,11 @@
 //!
 //! Decisions:
 //! * One ticker task per store expires the three watches every tick (an eighth of the
-//!   timeout, 1-20 ms) while some wait has a deadline, and sleeps while none has,
-//!   instead of a timer per put (a glommio timer per sync put was
+//!   timeout, 1-20 ms), instead of a timer per put. Always ticking, also while no wait
+//!   has a deadline (50 wake-ups a second of an idle shard): a ticker that slept until
+//!   a wait registered (tried twice: on the notification alone, and on it or 100 ms)
+//!   saw a put answer ~100 ms late in 1 of 10-17 runs of `tests/stall.rs`, the lost
+//!   timer wake of vendor/glommio/COREMQ-PATCHES.md "Open"; ticking hides it (a glommio timer per sync put was
 //!   ~4% of a shard's CPU). It is its own task, not the writer's loop: the writer
 //!   awaits the disk (a segment creation, a sync round on the simulated disk or with
 //!   `RingWriteFdatasync`), and while it does, a tick there would never come.
@@ -28,8 +31,8 @@
 //!   stalled `fsync` there would stop the ticker and every put with it.
 
 use super::{Inner, State};
-use crate::wake::{Notify, OffsetWatch};
-use std::rc::{Rc, Weak};
+use crate::wake::OffsetWatch;
+use std::rc::Weak;
 use std::time::{Duration, Instant};
 
 /// How often the ticker expires waits: an eighth of the timeout, within 1-20 ms.
@@ -37,50 +40,23 @@ pub(super) fn tick(timeout: Duration) -> Duration {
     (timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(20))
 }
 
-/// While no wait has a deadline the ticker sleeps until one registers (`armed`) or
-/// this long: ticking every 20 ms cost an idle shard 50 wake-ups a second. Never
-/// without a timer: a ticker that slept on `armed` alone saw, 1 time in 17 runs of
-/// `tests/stall.rs`, a put answer ~100 ms late (a timer wake lost until glommio's
-/// bounded park, see vendor/glommio/COREMQ-PATCHES.md "Open").
-const IDLE_TICK: Duration = Duration::from_millis(100);
-
 /// The ticker task: until the store is stopped or gone (it holds no strong
 /// reference, so it never keeps a dropped store alive).
-pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration, armed: Rc<Notify>) {
+pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration) {
     loop {
-        let idle = {
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            if inner.state.get() == State::Stopped {
-                return;
-            }
-            !watches(&inner).iter().any(|w| w.has_deadline_waits())
-        };
-        if idle {
-            futures_lite::future::or(armed.wait(), glommio::timer::sleep(IDLE_TICK.max(tick)))
-                .await;
-            continue;
-        }
         glommio::timer::sleep(tick).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
+        if inner.state.get() == State::Stopped {
+            return;
+        }
         let now = Instant::now();
-        for w in watches(&inner) {
+        let watches: [&OffsetWatch; 3] =
+            [&inner.dispatched, &inner.log.committed, &inner.log.flushed];
+        for w in watches {
             w.expire(now);
         }
-    }
-}
-
-fn watches(inner: &Inner) -> [&OffsetWatch; 3] {
-    [&inner.dispatched, &inner.log.committed, &inner.log.flushed]
-}
-
-/// Hooks the three watches to `armed` (the ticker's wake-up).
-pub(super) fn arm(inner: &Inner, armed: &Rc<Notify>) {
-    for w in watches(inner) {
-        w.on_deadline_wait(armed.clone());
     }
 }
 
