@@ -183,18 +183,19 @@ pub(super) fn check_client_config(
     Ok(ok(req))
 }
 
-/// Records what a heartbeat says of its connection (for 203 and 204).
+/// Records what a heartbeat says of its connection (for 203 and 204); the consumer
+/// groups whose subscriptions on this connection changed since its last heartbeat.
 pub(super) fn note_connection(
     st: &NodeState,
     req: &RemotingCommand,
     conn: u64,
     peer: std::net::SocketAddr,
-) {
+) -> Vec<String> {
     let Ok(v) = serde_json::from_slice::<Value>(&req.body) else {
-        return;
+        return Vec::new();
     };
     let Some(client_id) = v.get("clientID").and_then(Value::as_str) else {
-        return;
+        return Vec::new();
     };
     let name = |d: &Value| {
         d.get("groupName")
@@ -212,17 +213,47 @@ pub(super) fn note_connection(
         .filter_map(|d| Some((name(&d)?, d)))
         .collect();
     let producers = list("producerDataSet").iter().filter_map(name).collect();
-    st.client_conns.heartbeat(
-        conn,
-        ClientConn {
-            client_id: client_id.to_string(),
-            addr: peer.to_string(),
-            language: req.language.clone(),
-            version: req.version,
-            consumers,
-            producers,
-        },
-    );
+    let info = ClientConn {
+        client_id: client_id.to_string(),
+        addr: peer.to_string(),
+        language: req.language.clone(),
+        version: req.version,
+        consumers,
+        producers,
+    };
+    let Some(before) = st.client_conns.heartbeat(conn, info.clone()) else {
+        return Vec::new();
+    };
+    info.consumers
+        .iter()
+        .filter(|(g, data)| {
+            before
+                .consumers
+                .get(*g)
+                .is_some_and(|old| subscriptions(old) != subscriptions(data))
+        })
+        .map(|(g, _)| g.clone())
+        .collect()
+}
+
+/// What a `ConsumerData` subscribes to: (topic, expression type, expression), sorted.
+fn subscriptions(data: &Value) -> Vec<(String, String, String)> {
+    let text = |s: &Value, k: &str| s.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let mut subs: Vec<_> = data
+        .get("subscriptionDataSet")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                text(s, "topic"),
+                text(s, "expressionType"),
+                text(s, "subString"),
+            )
+        })
+        .collect();
+    subs.sort();
+    subs
 }
 
 fn connection_json(c: &ClientConn) -> Value {

@@ -42,7 +42,7 @@ fn is_system_topic(t: &str) -> bool {
 }
 
 /// `{"brokerName":..,"queueId":..,"topic":..}`, a fastjson `MessageQueue` key.
-pub(super) fn mq_key(broker: &str, topic: &str, queue_id: i32) -> String {
+pub(crate) fn mq_key(broker: &str, topic: &str, queue_id: i32) -> String {
     format!(
         "{{\"brokerName\":{},\"queueId\":{queue_id},\"topic\":{}}}",
         serde_json::Value::from(broker),
