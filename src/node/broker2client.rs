@@ -11,7 +11,8 @@
 //! connection through its outbox (`state::Outboxes`), which its front end drains into
 //! the connection's writer between responses. An outbox that is full (a client not
 //! reading) drops the frame and the drop is logged: the client heartbeats and
-//! rebalances every 20-30 s anyway, as RocketMQ's do.
+//! rebalances every 20-30 s anyway, as RocketMQ's do. A connection that is gone is
+//! skipped quietly (its close is itself a member change, told to the rest).
 //!
 //! A group whose config sets `notifyConsumerIdsChangedEnable` false is not told of
 //! member changes (RocketMQ's rule).
@@ -19,6 +20,7 @@
 use super::NodeState;
 use super::remoting::codes::{NOTIFY_CONSUMER_IDS_CHANGED, RESET_CONSUMER_CLIENT_OFFSET};
 use super::remoting::{FLAG_ONEWAY, RemotingCommand};
+use super::state::Sent;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -52,10 +54,12 @@ pub(super) fn consumer_ids_changed(st: &NodeState, groups: &[String], why: &str)
         );
         let mut told = 0;
         for conn in &conns {
-            if st.outboxes.send(*conn, frame.clone()) {
-                told += 1;
-            } else {
-                tracing::warn!(%group, conn, "consumer ids changed: the connection's outbox is closed or full; notice dropped");
+            match st.outboxes.send(*conn, frame.clone()) {
+                Sent::Queued => told += 1,
+                Sent::Closed => {}
+                Sent::Full => {
+                    tracing::warn!(%group, conn, "consumer ids changed: the connection's outbox is full (a client not reading); notice dropped")
+                }
             }
         }
         tracing::debug!(%group, why, told, "consumer ids changed: members notified");
@@ -128,10 +132,12 @@ pub(super) fn reset_consumer_offsets(
             reset_offset_body(broker, topic, resets)
         };
         let frame = oneway_frame(RESET_CONSUMER_CLIENT_OFFSET, fields.clone(), body.into());
-        if st.outboxes.send(conn, frame) {
-            told += 1;
-        } else {
-            tracing::warn!(%group, %topic, conn, "reset offset: the consumer's outbox is closed or full; it keeps its old offsets until it restarts");
+        match st.outboxes.send(conn, frame) {
+            Sent::Queued => told += 1,
+            Sent::Closed => {}
+            Sent::Full => {
+                tracing::warn!(%group, %topic, conn, "reset offset: the consumer's outbox is full (a client not reading); it may commit its old offsets back")
+            }
         }
     }
     told

@@ -415,13 +415,27 @@ impl Outboxes {
         lock(&self.boxes).remove(&conn);
     }
 
-    /// Queues `frame` for connection `conn`; false when it is closed or its outbox
-    /// is full (a peer that does not read).
-    pub fn send(&self, conn: u64, frame: Vec<u8>) -> bool {
-        lock(&self.boxes)
-            .get(&conn)
-            .is_some_and(|tx| tx.try_send(frame).is_ok())
+    /// Queues `frame` for connection `conn`.
+    pub fn send(&self, conn: u64, frame: Vec<u8>) -> Sent {
+        match lock(&self.boxes).get(&conn) {
+            None => Sent::Closed,
+            Some(tx) => match tx.try_send(frame) {
+                Ok(()) => Sent::Queued,
+                Err(flume::TrySendError::Full(_)) => Sent::Full,
+                Err(flume::TrySendError::Disconnected(_)) => Sent::Closed,
+            },
+        }
     }
+}
+
+/// What became of a frame given to [`Outboxes::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// The connection is gone (or was never a socket: `Node::serve_request`).
+    Closed,
+    /// Its outbox is full: a peer that does not read.
+    Full,
 }
 
 /// A queue's arrival counter and the held pulls waiting for it to move.

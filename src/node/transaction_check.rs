@@ -14,6 +14,7 @@
 use super::NodeState;
 use super::broker2client::oneway_frame;
 use super::remoting::codes::CHECK_TRANSACTION_STATE;
+use super::state::Sent;
 use crate::format::msg_id::MessageId;
 use crate::transaction::check::{CheckBack, CheckRules, Checker};
 use crate::transaction::{CHECK_GROUP, HALF_TOPIC, TRANSACTION_ID};
@@ -87,7 +88,7 @@ fn ask(st: &NodeState, c: CheckBack) {
         .producers
         .connections(&c.group)
         .into_iter()
-        .any(|conn| st.outboxes.send(conn, frame.clone()));
+        .any(|conn| st.outboxes.send(conn, frame.clone()) == Sent::Queued);
     if !sent {
         tracing::warn!(
             group = %c.group,
