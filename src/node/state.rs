@@ -521,6 +521,29 @@ mod tests {
         assert_eq!(t.get("NullPerm"), Some(conf(2, 2, 6)));
     }
 
+    /// What RocketMQ's consumer-ids-changed notice is sent on: a join (or a move to
+    /// another connection), never a repeated heartbeat; a leave by unregister, close
+    /// or silence.
+    #[test]
+    fn member_changes_name_their_groups() {
+        let c = Clients::default();
+        let g = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(c.heartbeat(1, "a", &g(&["G", "H"])), g(&["G", "H"]));
+        assert!(c.heartbeat(1, "a", &g(&["G", "H"])).is_empty());
+        assert_eq!(
+            c.heartbeat(2, "a", &g(&["G"])),
+            g(&["G"]),
+            "another connection"
+        );
+        assert_eq!(c.heartbeat(3, "b", &g(&["G"])), g(&["G"]));
+        assert!(c.unregister("b", "G"));
+        assert!(!c.unregister("b", "G"));
+        assert_eq!(c.connection_closed(1), g(&["H"]));
+        assert!(c.connection_closed(1).is_empty());
+        assert_eq!(c.expire(Duration::ZERO), g(&["G"]));
+        assert!(c.members("G").is_empty() && c.members("H").is_empty());
+    }
+
     #[test]
     fn bad_topic_entries_refuse_the_load_naming_topic_and_field() {
         for (entry, field) in [
