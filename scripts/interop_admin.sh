@@ -70,6 +70,7 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
+# Commands without a -n option find the name server here (RocketMQ's NAMESRV_ADDR).
 export NAMESRV_ADDR="$namesrv"
 status=0
 passed=0
@@ -101,26 +102,26 @@ refute() {
 }
 
 T=AdminTopic G=AdminGroup PG=AdminProducers
-check "cluster clusterList" "DefaultCluster +coremq-broker-a +0 +$broker" cluster clusterList -n "$namesrv"
+check "cluster clusterList" "DefaultCluster +coremq-broker-a +0 +$broker" cluster clusterList
 check "broker brokerStatus" "putTps +: [0-9.]+ " broker brokerStatus -b "$broker"
-check "broker getBrokerConfig" "fileReservedTime" broker getBrokerConfig -b "$broker" -n "$namesrv"
-check "broker updateBrokerConfig" "." broker updateBrokerConfig -b "$broker" -k fileReservedTime -v 47 -y
-check "broker getBrokerConfig after update" "fileReservedTime *[=:]? *47" broker getBrokerConfig -b "$broker" -n "$namesrv"
-check "topic updateTopic" "$T" topic updateTopic -b "$broker" -t "$T" -r 2 -w 2 -n "$namesrv"
+check "broker getBrokerConfig" "^fileReservedTime +=  [0-9]+" broker getBrokerConfig -b "$broker" -n "$namesrv"
+check "broker updateBrokerConfig" "Updated broker $broker successfully" broker updateBrokerConfig -b "$broker" -k fileReservedTime -v 47 -y
+check "broker getBrokerConfig after update" "^fileReservedTime +=  47\$" broker getBrokerConfig -b "$broker" -n "$namesrv"
+check "topic updateTopic" "create topic to $broker success" topic updateTopic -b "$broker" -t "$T" -r 2 -w 2 -n "$namesrv"
 check "topic topicList" "^$T\$" topic topicList -n "$namesrv"
 check "topic topicRoute" "$broker" topic topicRoute -t "$T" -n "$namesrv"
 for i in 1 2 3; do
-    check "message sendMessage $i" "SEND_OK" message sendMessage -t "$T" -p "admin body $i" -n "$namesrv"
+    check "message sendMessage $i" "SEND_OK" message sendMessage -t "$T" -p "admin body $i"
 done
 check "topic topicStatus" "coremq-broker-a" topic topicStatus -t "$T" -n "$namesrv"
-check "consumer updateSubGroup" "$G" consumer updateSubGroup -b "$broker" -g "$G" -n "$namesrv"
+check "consumer updateSubGroup" "Create subscription group to $broker success" consumer updateSubGroup -b "$broker" -g "$G"
 
 # A consumer of $G (on $T) and a producer of $PG stay connected from here on.
 python3 "$here/interop_admin_client.py" "$broker" "$G" "$PG" "$T" "$work/pushed.log" >"$work/client.out" 2>&1 &
 client_pid=$!
 for _ in $(seq 50); do grep -q connected "$work/client.out" 2>/dev/null && break; sleep 0.1; done
-check "connection consumerConnection" "coremq-admin-interop" connection consumerConnection -g "$G" -n "$namesrv"
-check "connection producerConnection" "coremq-admin-interop" connection producerConnection -g "$PG" -t "$T" -n "$namesrv"
+check "connection consumerConnection" "coremq-admin-interop .*JAVA" connection consumerConnection -g "$G"
+check "connection producerConnection" "coremq-admin-interop" connection producerConnection -g "$PG" -t "$T"
 check "offset resetOffsetByTime" "Queue: +1 +New Offset: 0" offset resetOffsetByTime -g "$G" -t "$T" -s 0 -n "$namesrv"
 check "consumer consumerProgress" "$T" consumer consumerProgress -g "$G" -n "$namesrv"
 for _ in $(seq 50); do grep -q '^220 ' "$work/pushed.log" 2>/dev/null && break; sleep 0.1; done
@@ -131,8 +132,8 @@ else
 fi
 kill "$client_pid"; wait "$client_pid" 2>/dev/null || true; client_pid=""
 
-check "consumer deleteSubGroup" "$G" consumer deleteSubGroup -b "$broker" -g "$G" -n "$namesrv"
-check "topic deleteTopic" "$T" topic deleteTopic -t "$T" -c DefaultCluster -n "$namesrv" -y
+check "consumer deleteSubGroup" "delete subscription group \\[$G\\] from broker \\[$broker\\] success" consumer deleteSubGroup -b "$broker" -g "$G" -n "$namesrv"
+check "topic deleteTopic" "delete topic $T from NameServer success" topic deleteTopic -t "$T" -c DefaultCluster -n "$namesrv" -y
 refute "topic topicList after delete" "^$T\$" topic topicList -n "$namesrv"
 
 kill -TERM "$node_pid"; wait "$node_pid" || status=1; node_pid=""
