@@ -103,7 +103,6 @@ refute() {
 
 T=AdminTopic G=AdminGroup PG=AdminProducers
 check "cluster clusterList" "DefaultCluster +coremq-broker-a +0 +$broker" cluster clusterList
-check "broker brokerStatus" "putTps +: [0-9.]+ " broker brokerStatus -b "$broker"
 check "broker getBrokerConfig" "^fileReservedTime +=  [0-9]+" broker getBrokerConfig -b "$broker" -n "$namesrv"
 check "broker updateBrokerConfig" "Updated broker $broker successfully" broker updateBrokerConfig -b "$broker" -k fileReservedTime -v 47 -y
 check "broker getBrokerConfig after update" "^fileReservedTime +=  47\$" broker getBrokerConfig -b "$broker" -n "$namesrv"
@@ -114,6 +113,7 @@ for i in 1 2 3; do
     check "message sendMessage $i" "SEND_OK" message sendMessage -t "$T" -p "admin body $i"
 done
 check "topic topicStatus" "coremq-broker-a" topic topicStatus -t "$T" -n "$namesrv"
+check "broker brokerStatus" "^putMessageTimesTotal +: 3\$" broker brokerStatus -b "$broker"
 check "consumer updateSubGroup" "Create subscription group to $broker success" consumer updateSubGroup -b "$broker" -g "$G"
 
 # A consumer of $G (on $T) and a producer of $PG stay connected from here on.

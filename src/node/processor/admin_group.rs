@@ -6,6 +6,7 @@
 //! | 200 `UPDATE_AND_CREATE_SUBSCRIPTIONGROUP` | body: `SubscriptionGroupConfig` JSON | stored with RocketMQ's defaults for missing fields, persisted |
 //! | 201 `GET_ALL_SUBSCRIPTIONGROUP_CONFIG` | none | `{subscriptionGroupTable, forbiddenTable, dataVersion}` |
 //! | 207 `DELETE_SUBSCRIPTIONGROUP` | `groupName`, `cleanOffset` | removed (and its offsets with `cleanOffset=true`) |
+//! | 5003 `DELETE_SUBSCRIPTIONGROUP_LIST` (RocketMQ-Rust's) | body `{groupNameList, cleanOffset}` | each removed as 207 |
 //! | 208 `GET_CONSUME_STATS` | `consumerGroup`, `topic` | per read queue: broker max, committed offset, last store time |
 //! | 41 `LOCK_BATCH_MQ` | body `{consumerGroup, clientId, mqSet}` | `{"lockOKMQSet": [...]}` |
 //! | 42 `UNLOCK_BATCH_MQ` | same body | the caller's locks released |
@@ -49,11 +50,40 @@ pub(super) fn delete_group(
     req: &RemotingCommand,
 ) -> Result<RemotingCommand, Reject> {
     let name = field(req, "groupName")?;
-    st.groups.remove(name).map_err(store_error)?;
-    if req.field("cleanOffset") == Some("true") {
-        st.offsets.remove_group(name);
+    delete_one_group(st, name, req.field("cleanOffset") == Some("true"))?;
+    Ok(ok(req))
+}
+
+/// `DELETE_SUBSCRIPTIONGROUP_LIST` (5003, RocketMQ-Rust's batch form of 207, which
+/// `rocketmq-admin-cli deleteSubGroup` sends): body `{"groupNameList":[..],
+/// "cleanOffset":bool}`.
+pub(super) fn delete_group_list(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
+    let names = super::admin_store::string_list(req, "groupNameList")?;
+    let clean = body_json(req)?
+        .get("cleanOffset")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    for name in &names {
+        delete_one_group(st, name, clean)?;
     }
     Ok(ok(req))
+}
+
+fn delete_one_group(st: &NodeState, name: &str, clean_offset: bool) -> Result<(), Reject> {
+    let had = st.groups.remove(name).map_err(store_error)?;
+    if clean_offset {
+        st.offsets.remove_group(name);
+    }
+    tracing::info!(
+        group = name,
+        had,
+        clean_offset,
+        "subscription group deleted"
+    );
+    Ok(())
 }
 
 pub(super) async fn consume_stats(

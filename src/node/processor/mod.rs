@@ -13,9 +13,9 @@
 //! | heartbeat 34, unregister 35 (members told with 40) | `client_manage.rs` | `ClientManageProcessor`, `DefaultConsumerIdsChangeListener` |
 //! | consumer offsets 14, 15; consumer list 38 | `consumer_manage.rs` | `ConsumerManageProcessor` |
 //! | route 105, cluster info 106 | `namesrv.rs` | the name server's `DefaultRequestProcessor` |
-//! | runtime info 28, broker config 25/26, topic stats 202, delete topic 215, clean unused topics 316, delete expired files 329; topic list 206, name-server delete 216 | `admin_store.rs` | `AdminBrokerProcessor` (store side) |
+//! | runtime info 28, broker config 25/26, topic stats 202, delete topic 215 (list form 5002), clean unused topics 316, delete expired files 329; topic list 206, name-server delete 216 | `admin_store.rs` | `AdminBrokerProcessor` (store side) |
 //! | reset offset by time 222 (consumers told with 220) | `admin_offset.rs` | `AdminBrokerProcessor.resetOffset`, `Broker2Client.resetOffset` |
-//! | subscription groups 200/201/207, consume stats 208, queue locks 41/42, client config check 46, connection lists 203/204 | `admin_group.rs` | `AdminBrokerProcessor` (groups), `RebalanceLockManager` |
+//! | subscription groups 200/201/207 (list delete 5003), consume stats 208, queue locks 41/42, client config check 46, connection lists 203/204 | `admin_group.rs` | `AdminBrokerProcessor` (groups), `RebalanceLockManager` |
 //!
 //! Invariants:
 //! * Every request gets exactly one [`Outcome`]: a one-way request never gets a reply,
@@ -270,6 +270,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         UPDATE_BROKER_CONFIG => admin_store::update_broker_config(st, &req).await,
         GET_TOPIC_STATS_INFO => admin_store::topic_stats(st, &req).await,
         DELETE_TOPIC_IN_BROKER => admin_store::delete_topic(st, &req).await,
+        DELETE_TOPIC_IN_BROKER_LIST => admin_store::delete_topic_list(st, &req).await,
         CLEAN_UNUSED_TOPIC => admin_store::clean_unused_topics(st, &req).await,
         DELETE_EXPIRED_COMMITLOG => admin_store::delete_expired(st, &req).await,
         GET_ALL_TOPIC_LIST_FROM_NAMESERVER => Ok(admin_store::topic_list(st, &req)),
@@ -277,6 +278,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => admin_group::update_group(st, &req),
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG => Ok(admin_group::all_groups(st, &req)),
         DELETE_SUBSCRIPTIONGROUP => admin_group::delete_group(st, &req),
+        DELETE_SUBSCRIPTIONGROUP_LIST => admin_group::delete_group_list(st, &req),
         GET_CONSUME_STATS => admin_group::consume_stats(st, &req).await,
         LOCK_BATCH_MQ => admin_group::lock_batch(st, &req),
         UNLOCK_BATCH_MQ => admin_group::unlock_batch(st, &req),

@@ -51,6 +51,10 @@ pub const DELETE_EXPIRED_COMMITLOG: i32 = 329;
 pub const REGISTER_BROKER: i32 = 103;
 pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
 pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
+/// RocketMQ-Rust's batch forms of 215 and 207 (`rocketmq-admin-cli` deleteTopic and
+/// deleteSubGroup send them).
+pub const DELETE_TOPIC_IN_BROKER_LIST: i32 = 5002;
+pub const DELETE_SUBSCRIPTIONGROUP_LIST: i32 = 5003;
 pub const SEND_MESSAGE_V2: i32 = 310;
 pub const SEND_BATCH_MESSAGE: i32 = 320;
 pub const LITE_PULL_MESSAGE: i32 = 361;
