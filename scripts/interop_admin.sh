@@ -29,7 +29,7 @@
 # cleanUnusedTopic (316), broker deleteExpiredCommitLog (329), offset
 # resetOffsetByTimeOld (208 + 15).
 # Not working, and why:
-#   broker brokerConsumeStats: GET_BROKER_CONSUME_STATS (47) is not served yet.
+#   broker brokerConsumeStats: GET_BROKER_CONSUME_STATS (317) is not served yet.
 #   producer producer: GET_ALL_PRODUCER_INFO (328) is not served yet (REQUEST_CODE_NOT_SUPPORTED).
 #   consumer consumerStatus: needs GET_CONSUMER_RUNNING_INFO (307), which the broker
 #     relays to a client and waits for its answer; the node only sends one-way
