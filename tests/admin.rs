@@ -4,7 +4,7 @@
 //! next begin offset, min offsets, topic stats 202, runtime info 28 with the store's
 //! statistics, `/metrics`), broker config 26/25, delete topic 215, clean unused topics
 //! 316, subscription groups 200/201/207, consume stats 208, queue locks 41/42, client
-//! config check 46 and the SQL92 refusal.
+//! config check 46 and the SQL92 refusal; RocketMQ-Rust's list deletes 5002/5003.
 #![cfg(feature = "node")]
 
 #[path = "common/remoting.rs"]
@@ -504,5 +504,65 @@ fn config_topics_groups_locks_and_filters() {
     let mut c = Client::connect(node.broker_addr);
     let groups = json(&c.ok(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[], b""));
     assert!(groups["subscriptionGroupTable"].get("G2").is_some());
+    node.shutdown().unwrap();
+}
+
+/// RocketMQ-Rust's list forms of delete topic (5002) and delete subscription group
+/// (5003), which `rocketmq-admin-cli` deleteTopic and deleteSubGroup send.
+#[test]
+fn list_deletes_of_topics_and_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), Network::Threads);
+    let mut c = Client::connect(node.broker_addr);
+    for t in ["L1", "L2", "Kept"] {
+        c.ok(UPDATE_AND_CREATE_TOPIC, &[("topic", t)], b"");
+    }
+    for g in ["LG1", "LG2"] {
+        let body = format!("{{\"groupName\":\"{g}\"}}");
+        c.ok(UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[], body.as_bytes());
+    }
+    c.ok(
+        UPDATE_CONSUMER_OFFSET,
+        &[
+            ("consumerGroup", "LG1"),
+            ("topic", "Kept"),
+            ("queueId", "0"),
+            ("commitOffset", "0"),
+        ],
+        b"",
+    );
+    let r = c.call(
+        DELETE_TOPIC_IN_BROKER_LIST,
+        &[],
+        br#"{"topicList":["L1","TBW102"]}"#,
+    );
+    assert_eq!(
+        r.code, INVALID_PARAMETER,
+        "a system topic refuses the whole list"
+    );
+    let all = json(&c.ok(GET_ALL_TOPIC_CONFIG, &[], b""));
+    assert!(all["topicConfigTable"].get("L1").is_some(), "nothing went");
+    c.ok(
+        DELETE_TOPIC_IN_BROKER_LIST,
+        &[],
+        br#"{"topicList":["L1","L2"]}"#,
+    );
+    let all = json(&c.ok(GET_ALL_TOPIC_CONFIG, &[], b""));
+    let table = &all["topicConfigTable"];
+    assert!(table.get("L1").is_none() && table.get("L2").is_none() && table.get("Kept").is_some());
+    assert_eq!(
+        c.call(DELETE_TOPIC_IN_BROKER_LIST, &[], b"[1]").code,
+        SYSTEM_ERROR
+    );
+
+    c.ok(
+        DELETE_SUBSCRIPTIONGROUP_LIST,
+        &[],
+        br#"{"groupNameList":["LG1","LG2"],"cleanOffset":true}"#,
+    );
+    let groups = json(&c.ok(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[], b""));
+    assert_eq!(groups["subscriptionGroupTable"], serde_json::json!({}));
+    let offsets = String::from_utf8(c.ok(GET_ALL_CONSUMER_OFFSET, &[], b"").body.to_vec()).unwrap();
+    assert!(!offsets.contains("@LG1"), "cleanOffset: {offsets}");
     node.shutdown().unwrap();
 }

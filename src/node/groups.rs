@@ -116,6 +116,21 @@ impl SubscriptionGroups {
         Ok(true)
     }
 
+    /// Whether the group's members are told when its member set changes (the
+    /// config's `notifyConsumerIdsChangedEnable`; true for a group without a config).
+    pub fn notify_ids_changed(&self, name: &str) -> bool {
+        lock(&self.table)
+            .get(name)
+            .and_then(|c| c.get("notifyConsumerIdsChangedEnable"))
+            .and_then(Value::as_bool)
+            .unwrap_or(true)
+    }
+
+    /// Whether the group has a config.
+    pub fn contains(&self, name: &str) -> bool {
+        lock(&self.table).contains_key(name)
+    }
+
     #[cfg(test)]
     pub fn get(&self, name: &str) -> Option<Value> {
         lock(&self.table).get(name).cloned()
@@ -214,8 +229,14 @@ pub struct Connections {
 }
 
 impl Connections {
-    pub fn heartbeat(&self, conn: u64, info: ClientConn) {
-        lock(&self.conns).insert(conn, info);
+    /// Records a heartbeat; what the connection's previous one said.
+    pub fn heartbeat(&self, conn: u64, info: ClientConn) -> Option<ClientConn> {
+        lock(&self.conns).insert(conn, info)
+    }
+
+    /// The language the connection's client named in its last heartbeat.
+    pub fn language(&self, conn: u64) -> Option<String> {
+        lock(&self.conns).get(&conn).map(|c| c.language.clone())
     }
 
     pub fn closed(&self, conn: u64) {

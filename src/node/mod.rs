@@ -25,8 +25,9 @@
 //! * **Responses** go out through one writer per connection (a write lock, or a
 //!   writer task fed by a channel), so a held pull answered later never interleaves
 //!   with another response; requests may be answered out of order (by `opaque`).
-//!   Requests the broker starts (transaction check-backs, `transaction_check.rs`) go
-//!   through the same writer from a per-connection outbox (`state::Outboxes`).
+//!   Requests the broker starts (transaction check-backs, consumer-ids-changed notices,
+//!   offset resets: `broker2client.rs`) go through the same writer from a
+//!   per-connection outbox (`state::Outboxes`).
 //! * **Bad input.** A malformed frame (length outside 4..=`max_frame_bytes`, a header
 //!   that does not decode, an unknown serialize type) closes only its connection.
 //!   Unknown request codes get `REQUEST_CODE_NOT_SUPPORTED`; missing or malformed
@@ -68,6 +69,7 @@
 //! (`rocketmq-client-rust` 1.0.0). What each covers and the quirks they showed:
 //! `docs/performance/node.md`.
 
+mod broker2client;
 pub mod config;
 mod conn;
 mod groups;
@@ -501,8 +503,10 @@ fn housekeeping(st: Arc<NodeState>) {
         if let Err(e) = st.offsets.persist() {
             tracing::error!(error = %e, "cannot write consumer offsets");
         }
-        st.clients
+        let silent = st
+            .clients
             .expire(Duration::from_millis(st.cfg.client_expiry_ms));
+        broker2client::consumer_ids_changed(&st, &silent, "a client went silent");
         st.producers
             .expire(Duration::from_millis(st.cfg.client_expiry_ms));
     }

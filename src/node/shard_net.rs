@@ -201,7 +201,8 @@ async fn accept_loop(
         glommio::spawn_local(async move {
             super::conn::serve(&st, conn, stream, &stop).await;
             stop.forget(conn);
-            st.clients.connection_closed(conn);
+            let left = st.clients.connection_closed(conn);
+            super::broker2client::consumer_ids_changed(&st, &left, "a connection closed");
             st.client_conns.closed(conn);
             st.producers.connection_closed(conn);
             st.open.fetch_sub(1, Ordering::SeqCst);

@@ -306,43 +306,64 @@ pub struct Clients {
     groups: Mutex<HashMap<String, Members>>,
 }
 
+/// Each method that changes who is in a group returns the groups whose member set
+/// changed, for RocketMQ's consumer-ids-changed notice (`broker2client.rs`).
 impl Clients {
-    pub fn heartbeat(&self, conn: u64, client_id: &str, groups: &[String]) {
+    /// Registers `client_id` in `groups` through `conn`; the groups it joined (new
+    /// there, or now through another connection).
+    pub fn heartbeat(&self, conn: u64, client_id: &str, groups: &[String]) -> Vec<String> {
         let now = Instant::now();
         let mut g = lock(&self.groups);
+        let mut joined = Vec::new();
         for group in groups {
-            g.entry(group.clone())
+            let before = g
+                .entry(group.clone())
                 .or_default()
                 .insert(client_id.to_string(), (conn, now));
-        }
-    }
-
-    pub fn unregister(&self, client_id: &str, group: &str) {
-        let mut g = lock(&self.groups);
-        if let Some(m) = g.get_mut(group) {
-            m.remove(client_id);
-            if m.is_empty() {
-                g.remove(group);
+            if before.is_none_or(|(c, _)| c != conn) {
+                joined.push(group.clone());
             }
         }
+        joined
     }
 
-    /// Forgets every client registered through connection `conn`.
-    pub fn connection_closed(&self, conn: u64) {
-        self.retain(|c, _| c != conn);
-    }
-
-    /// Forgets clients silent for longer than `expiry`.
-    pub fn expire(&self, expiry: Duration) {
-        self.retain(|_, seen| seen.elapsed() <= expiry);
-    }
-
-    fn retain(&self, keep: impl Fn(u64, Instant) -> bool) {
+    /// Removes `client_id` from `group`; whether it was there.
+    pub fn unregister(&self, client_id: &str, group: &str) -> bool {
         let mut g = lock(&self.groups);
-        for m in g.values_mut() {
+        let Some(m) = g.get_mut(group) else {
+            return false;
+        };
+        let was = m.remove(client_id).is_some();
+        if m.is_empty() {
+            g.remove(group);
+        }
+        was
+    }
+
+    /// Forgets every client registered through connection `conn`; the groups that
+    /// lost a member.
+    pub fn connection_closed(&self, conn: u64) -> Vec<String> {
+        self.retain(|c, _| c != conn)
+    }
+
+    /// Forgets clients silent for longer than `expiry`; the groups that lost a member.
+    pub fn expire(&self, expiry: Duration) -> Vec<String> {
+        self.retain(|_, seen| seen.elapsed() <= expiry)
+    }
+
+    fn retain(&self, keep: impl Fn(u64, Instant) -> bool) -> Vec<String> {
+        let mut g = lock(&self.groups);
+        let mut changed = Vec::new();
+        for (name, m) in g.iter_mut() {
+            let before = m.len();
             m.retain(|_, (c, seen)| keep(*c, *seen));
+            if m.len() != before {
+                changed.push(name.clone());
+            }
         }
         g.retain(|_, m| !m.is_empty());
+        changed.sort();
+        changed
     }
 
     /// The connections the group's clients registered through, sorted.
@@ -373,7 +394,8 @@ impl Clients {
 const OUTBOX_FRAMES: usize = 256;
 
 /// Each open connection's way out for requests the broker starts
-/// (CHECK_TRANSACTION_STATE): a bounded channel its front end drains into the
+/// (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED, RESET_CONSUMER_CLIENT_OFFSET;
+/// `broker2client.rs`): a bounded channel its front end drains into the
 /// connection's writer, so they never interleave with responses.
 #[derive(Default)]
 pub struct Outboxes {
@@ -393,13 +415,27 @@ impl Outboxes {
         lock(&self.boxes).remove(&conn);
     }
 
-    /// Queues `frame` for connection `conn`; false when it is closed or its outbox
-    /// is full (a peer that does not read).
-    pub fn send(&self, conn: u64, frame: Vec<u8>) -> bool {
-        lock(&self.boxes)
-            .get(&conn)
-            .is_some_and(|tx| tx.try_send(frame).is_ok())
+    /// Queues `frame` for connection `conn`.
+    pub fn send(&self, conn: u64, frame: Vec<u8>) -> Sent {
+        match lock(&self.boxes).get(&conn) {
+            None => Sent::Closed,
+            Some(tx) => match tx.try_send(frame) {
+                Ok(()) => Sent::Queued,
+                Err(flume::TrySendError::Full(_)) => Sent::Full,
+                Err(flume::TrySendError::Disconnected(_)) => Sent::Closed,
+            },
+        }
     }
+}
+
+/// What became of a frame given to [`Outboxes::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// The connection is gone (or was never a socket: `Node::serve_request`).
+    Closed,
+    /// Its outbox is full: a peer that does not read.
+    Full,
 }
 
 /// A queue's arrival counter and the held pulls waiting for it to move.
@@ -483,6 +519,29 @@ mod tests {
         assert_eq!(t.get("Bare"), Some(conf(16, 16, 6)));
         assert_eq!(t.get("Drained"), Some(conf(4, 0, 6)));
         assert_eq!(t.get("NullPerm"), Some(conf(2, 2, 6)));
+    }
+
+    /// What RocketMQ's consumer-ids-changed notice is sent on: a join (or a move to
+    /// another connection), never a repeated heartbeat; a leave by unregister, close
+    /// or silence.
+    #[test]
+    fn member_changes_name_their_groups() {
+        let c = Clients::default();
+        let g = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(c.heartbeat(1, "a", &g(&["G", "H"])), g(&["G", "H"]));
+        assert!(c.heartbeat(1, "a", &g(&["G", "H"])).is_empty());
+        assert_eq!(
+            c.heartbeat(2, "a", &g(&["G"])),
+            g(&["G"]),
+            "another connection"
+        );
+        assert_eq!(c.heartbeat(3, "b", &g(&["G"])), g(&["G"]));
+        assert!(c.unregister("b", "G"));
+        assert!(!c.unregister("b", "G"));
+        assert_eq!(c.connection_closed(1), g(&["H"]));
+        assert!(c.connection_closed(1).is_empty());
+        assert_eq!(c.expire(Duration::ZERO), g(&["G"]));
+        assert!(c.members("G").is_empty() && c.members("H").is_empty());
     }
 
     #[test]

@@ -65,7 +65,8 @@ pub(super) fn accept_loop(st: Arc<NodeState>, listener: TcpListener) {
                 let _guard = guard;
                 serve_connection(&st2, id, stream);
                 lock(&st2.conns).remove(&id);
-                st2.clients.connection_closed(id);
+                let left = st2.clients.connection_closed(id);
+                super::broker2client::consumer_ids_changed(&st2, &left, "a connection closed");
                 st2.client_conns.closed(id);
                 st2.producers.connection_closed(id);
                 st2.open.fetch_sub(1, Ordering::SeqCst);

@@ -12,17 +12,14 @@
 //! offset (persisted with the others in `config/consumerOffset.json`). Masters only.
 
 use super::NodeState;
-use super::remoting::RemotingCommand;
+use super::broker2client::oneway_frame;
 use super::remoting::codes::CHECK_TRANSACTION_STATE;
+use super::state::Sent;
 use crate::format::msg_id::MessageId;
 use crate::transaction::check::{CheckBack, CheckRules, Checker};
 use crate::transaction::{CHECK_GROUP, HALF_TOPIC, TRANSACTION_ID};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
-
-/// Opaques of broker-started requests (negative: never a client's own).
-static NEXT_OPAQUE: AtomicI32 = AtomicI32::new(i32::MIN / 2);
 
 pub(super) fn check_loop(st: Arc<NodeState>) {
     let every = Duration::from_millis(st.cfg.transaction_check_interval_ms);
@@ -79,16 +76,12 @@ fn ask(st: &NodeState, c: CheckBack) {
         ("transactionId".to_string(), tx_id),
         ("offsetMsgId".to_string(), offset_id),
     ];
-    let opaque = NEXT_OPAQUE.fetch_add(1, Ordering::Relaxed);
-    let mut req = RemotingCommand::request(CHECK_TRANSACTION_STATE, opaque, fields);
-    req.flag |= 2; // one-way
-    req.body = c.record.clone();
-    let frame = req.encode();
+    let frame = oneway_frame(CHECK_TRANSACTION_STATE, fields, c.record.clone());
     let sent = st
         .producers
         .connections(&c.group)
         .into_iter()
-        .any(|conn| st.outboxes.send(conn, frame.clone()));
+        .any(|conn| st.outboxes.send(conn, frame.clone()) == Sent::Queued);
     if !sent {
         tracing::warn!(
             group = %c.group,

@@ -18,6 +18,8 @@ pub struct Client {
     opaque: i32,
     /// Requests the broker sent (not answers to ours), oldest first.
     pub incoming: VecDeque<RemotingCommand>,
+    /// The language this client's requests name (the node's default when `None`).
+    pub language: Option<String>,
 }
 
 impl Client {
@@ -28,6 +30,7 @@ impl Client {
             s,
             opaque: 0,
             incoming: VecDeque::new(),
+            language: None,
         }
     }
 
@@ -55,6 +58,9 @@ impl Client {
         );
         c.body = Bytes::copy_from_slice(body);
         c.serialize_type = SerializeType::Json;
+        if let Some(l) = &self.language {
+            c.language = l.clone();
+        }
         c
     }
 

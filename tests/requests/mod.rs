@@ -148,6 +148,9 @@ pub const CODES: &[i32] = &[
     CHECK_CLIENT_CONFIG,
     GET_CONSUMER_CONNECTION_LIST,
     GET_PRODUCER_CONNECTION_LIST,
+    INVOKE_BROKER_TO_RESET_OFFSET,
+    DELETE_TOPIC_IN_BROKER_LIST,
+    DELETE_SUBSCRIPTIONGROUP_LIST,
     0,
     9999,
     -1,
@@ -372,6 +375,14 @@ fn fields_of(code: i32) -> &'static [(&'static str, Kind)] {
         GET_CONSUME_STATS => &[("consumerGroup", Kind::Group), ("topic", Kind::Topic)],
         GET_CONSUMER_CONNECTION_LIST => &[("consumerGroup", Kind::Group)],
         GET_PRODUCER_CONNECTION_LIST => &[("producerGroup", Kind::Group)],
+        INVOKE_BROKER_TO_RESET_OFFSET => &[
+            ("topic", Kind::Topic),
+            ("group", Kind::Group),
+            ("timestamp", Kind::Num),
+            ("isForce", Kind::Flag),
+            ("queueId", Kind::Queue),
+            ("offset", Kind::Num),
+        ],
         _ => &[("topic", Kind::Topic), ("queueId", Kind::Queue)],
     }
 }
@@ -436,6 +447,10 @@ fn admin_body(g: &mut Gen, code: i32, seen: &[String]) -> Vec<u8> {
                 .collect();
             serde_json::json!({"consumerGroup": group, "clientId": g.text(8), "mqSet": qs})
         }
+        DELETE_TOPIC_IN_BROKER_LIST => serde_json::json!({"topicList": [topic, g.text(8)]}),
+        DELETE_SUBSCRIPTIONGROUP_LIST => {
+            serde_json::json!({"groupNameList": [group], "cleanOffset": g.byte().is_multiple_of(2)})
+        }
         CHECK_CLIENT_CONFIG => serde_json::json!({"group": group, "subscriptionData": {
             "topic": topic, "subString": g.text(8), "expressionType": g.pick(&["TAG", "SQL92", ""])}}),
         _ => serde_json::json!({"groupName": group, "retryMaxTimes": g.pick(&[0i64, -1, 16])}),
@@ -488,6 +503,8 @@ pub fn request(g: &mut Gen, opaque: i32, seen: &[String]) -> RemotingCommand {
         | UNLOCK_BATCH_MQ
         | CHECK_CLIENT_CONFIG
         | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+        | DELETE_TOPIC_IN_BROKER_LIST
+        | DELETE_SUBSCRIPTIONGROUP_LIST
             if plain =>
         {
             admin_body(g, code, seen)

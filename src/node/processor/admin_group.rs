@@ -6,6 +6,7 @@
 //! | 200 `UPDATE_AND_CREATE_SUBSCRIPTIONGROUP` | body: `SubscriptionGroupConfig` JSON | stored with RocketMQ's defaults for missing fields, persisted |
 //! | 201 `GET_ALL_SUBSCRIPTIONGROUP_CONFIG` | none | `{subscriptionGroupTable, forbiddenTable, dataVersion}` |
 //! | 207 `DELETE_SUBSCRIPTIONGROUP` | `groupName`, `cleanOffset` | removed (and its offsets with `cleanOffset=true`) |
+//! | 5003 `DELETE_SUBSCRIPTIONGROUP_LIST` (RocketMQ-Rust's) | body `{groupNameList, cleanOffset}` | each removed as 207 |
 //! | 208 `GET_CONSUME_STATS` | `consumerGroup`, `topic` | per read queue: broker max, committed offset, last store time |
 //! | 41 `LOCK_BATCH_MQ` | body `{consumerGroup, clientId, mqSet}` | `{"lockOKMQSet": [...]}` |
 //! | 42 `UNLOCK_BATCH_MQ` | same body | the caller's locks released |
@@ -49,11 +50,40 @@ pub(super) fn delete_group(
     req: &RemotingCommand,
 ) -> Result<RemotingCommand, Reject> {
     let name = field(req, "groupName")?;
-    st.groups.remove(name).map_err(store_error)?;
-    if req.field("cleanOffset") == Some("true") {
-        st.offsets.remove_group(name);
+    delete_one_group(st, name, req.field("cleanOffset") == Some("true"))?;
+    Ok(ok(req))
+}
+
+/// `DELETE_SUBSCRIPTIONGROUP_LIST` (5003, RocketMQ-Rust's batch form of 207, which
+/// `rocketmq-admin-cli deleteSubGroup` sends): body `{"groupNameList":[..],
+/// "cleanOffset":bool}`.
+pub(super) fn delete_group_list(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
+    let names = super::admin_store::string_list(req, "groupNameList")?;
+    let clean = body_json(req)?
+        .get("cleanOffset")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    for name in &names {
+        delete_one_group(st, name, clean)?;
     }
     Ok(ok(req))
+}
+
+fn delete_one_group(st: &NodeState, name: &str, clean_offset: bool) -> Result<(), Reject> {
+    let had = st.groups.remove(name).map_err(store_error)?;
+    if clean_offset {
+        st.offsets.remove_group(name);
+    }
+    tracing::info!(
+        group = name,
+        had,
+        clean_offset,
+        "subscription group deleted"
+    );
+    Ok(())
 }
 
 pub(super) async fn consume_stats(
@@ -183,18 +213,19 @@ pub(super) fn check_client_config(
     Ok(ok(req))
 }
 
-/// Records what a heartbeat says of its connection (for 203 and 204).
+/// Records what a heartbeat says of its connection (for 203 and 204); the consumer
+/// groups whose subscriptions on this connection changed since its last heartbeat.
 pub(super) fn note_connection(
     st: &NodeState,
     req: &RemotingCommand,
     conn: u64,
     peer: std::net::SocketAddr,
-) {
+) -> Vec<String> {
     let Ok(v) = serde_json::from_slice::<Value>(&req.body) else {
-        return;
+        return Vec::new();
     };
     let Some(client_id) = v.get("clientID").and_then(Value::as_str) else {
-        return;
+        return Vec::new();
     };
     let name = |d: &Value| {
         d.get("groupName")
@@ -212,17 +243,47 @@ pub(super) fn note_connection(
         .filter_map(|d| Some((name(&d)?, d)))
         .collect();
     let producers = list("producerDataSet").iter().filter_map(name).collect();
-    st.client_conns.heartbeat(
-        conn,
-        ClientConn {
-            client_id: client_id.to_string(),
-            addr: peer.to_string(),
-            language: req.language.clone(),
-            version: req.version,
-            consumers,
-            producers,
-        },
-    );
+    let info = ClientConn {
+        client_id: client_id.to_string(),
+        addr: peer.to_string(),
+        language: req.language.clone(),
+        version: req.version,
+        consumers,
+        producers,
+    };
+    let Some(before) = st.client_conns.heartbeat(conn, info.clone()) else {
+        return Vec::new();
+    };
+    info.consumers
+        .iter()
+        .filter(|(g, data)| {
+            before
+                .consumers
+                .get(*g)
+                .is_some_and(|old| subscriptions(old) != subscriptions(data))
+        })
+        .map(|(g, _)| g.clone())
+        .collect()
+}
+
+/// What a `ConsumerData` subscribes to: (topic, expression type, expression), sorted.
+fn subscriptions(data: &Value) -> Vec<(String, String, String)> {
+    let text = |s: &Value, k: &str| s.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let mut subs: Vec<_> = data
+        .get("subscriptionDataSet")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                text(s, "topic"),
+                text(s, "expressionType"),
+                text(s, "subString"),
+            )
+        })
+        .collect();
+    subs.sort();
+    subs
 }
 
 fn connection_json(c: &ClientConn) -> Value {

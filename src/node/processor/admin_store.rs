@@ -42,7 +42,7 @@ fn is_system_topic(t: &str) -> bool {
 }
 
 /// `{"brokerName":..,"queueId":..,"topic":..}`, a fastjson `MessageQueue` key.
-pub(super) fn mq_key(broker: &str, topic: &str, queue_id: i32) -> String {
+pub(crate) fn mq_key(broker: &str, topic: &str, queue_id: i32) -> String {
     format!(
         "{{\"brokerName\":{},\"queueId\":{queue_id},\"topic\":{}}}",
         serde_json::Value::from(broker),
@@ -456,7 +456,48 @@ pub(super) async fn delete_topic(
     st: &NodeState,
     req: &RemotingCommand,
 ) -> Result<RemotingCommand, Reject> {
-    let topic = field(req, "topic")?;
+    delete_one_topic(st, field(req, "topic")?).await?;
+    Ok(ok(req))
+}
+
+/// `DELETE_TOPIC_IN_BROKER_LIST` (5002, RocketMQ-Rust's batch form of 215, which
+/// `rocketmq-admin-cli deleteTopic` sends): body `{"topicList":[..]}`. Every name is
+/// checked before any topic goes.
+pub(super) async fn delete_topic_list(
+    st: &NodeState,
+    req: &RemotingCommand,
+) -> Result<RemotingCommand, Reject> {
+    let topics = string_list(req, "topicList")?;
+    if let Some(bad) = topics
+        .iter()
+        .find(|t| !valid_topic(t) || is_system_topic(t))
+    {
+        return Err(reject(
+            INVALID_PARAMETER,
+            format!("The topic[{}] is conflict with system topic.", clip(bad)),
+        ));
+    }
+    for topic in &topics {
+        delete_one_topic(st, topic).await?;
+    }
+    Ok(ok(req))
+}
+
+/// A JSON body's list of strings under `key`.
+pub(super) fn string_list(req: &RemotingCommand, key: &str) -> Result<Vec<String>, Reject> {
+    let v: serde_json::Value = serde_json::from_slice(&req.body)
+        .map_err(|e| reject(SYSTEM_ERROR, format!("the body is not JSON: {e}")))?;
+    v.get(key)
+        .and_then(serde_json::Value::as_array)
+        .and_then(|a| {
+            a.iter()
+                .map(|t| t.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or_else(|| reject(SYSTEM_ERROR, format!("the body has no {key} of strings")))
+}
+
+async fn delete_one_topic(st: &NodeState, topic: &str) -> Result<(), Reject> {
     if !valid_topic(topic) || is_system_topic(topic) {
         return Err(reject(
             INVALID_PARAMETER,
@@ -473,7 +514,7 @@ pub(super) async fn delete_topic(
     st.offsets.remove_topic(topic);
     let queues = st.handle.delete_topic(topic).await.map_err(store_error)?;
     tracing::info!(topic, had, queues, "topic deleted by request");
-    Ok(ok(req))
+    Ok(())
 }
 
 pub(super) async fn clean_unused_topics(

@@ -10,11 +10,12 @@
 //! | pull 11, lite pull 361 (long polling) | `pull_message.rs` | `PullMessageProcessor`, `PullRequestHoldService` |
 //! | query by key 12, view by id 33 | `query_message.rs` | `QueryMessageProcessor` |
 //! | create topic 17, offsets 29-32, all topics 21, all consumer offsets 43 | `admin_broker.rs` | `AdminBrokerProcessor` |
-//! | heartbeat 34, unregister 35 | `client_manage.rs` | `ClientManageProcessor` |
+//! | heartbeat 34, unregister 35 (members told with 40) | `client_manage.rs` | `ClientManageProcessor`, `DefaultConsumerIdsChangeListener` |
 //! | consumer offsets 14, 15; consumer list 38 | `consumer_manage.rs` | `ConsumerManageProcessor` |
 //! | route 105, cluster info 106 | `namesrv.rs` | the name server's `DefaultRequestProcessor` |
-//! | runtime info 28, broker config 25/26, topic stats 202, delete topic 215, clean unused topics 316, delete expired files 329; topic list 206, name-server delete 216 | `admin_store.rs` | `AdminBrokerProcessor` (store side) |
-//! | subscription groups 200/201/207, consume stats 208, queue locks 41/42, client config check 46, connection lists 203/204 | `admin_group.rs` | `AdminBrokerProcessor` (groups), `RebalanceLockManager` |
+//! | runtime info 28, broker config 25/26, topic stats 202, delete topic 215 (list form 5002), clean unused topics 316, delete expired files 329; topic list 206, name-server delete 216 | `admin_store.rs` | `AdminBrokerProcessor` (store side) |
+//! | reset offset by time 222 (consumers told with 220) | `admin_offset.rs` | `AdminBrokerProcessor.resetOffset`, `Broker2Client.resetOffset` |
+//! | subscription groups 200/201/207 (list delete 5003), consume stats 208, queue locks 41/42, client config check 46, connection lists 203/204 | `admin_group.rs` | `AdminBrokerProcessor` (groups), `RebalanceLockManager` |
 //!
 //! Invariants:
 //! * Every request gets exactly one [`Outcome`]: a one-way request never gets a reply,
@@ -54,6 +55,7 @@
 
 mod admin_broker;
 mod admin_group;
+mod admin_offset;
 mod admin_store;
 mod client_manage;
 mod consumer_manage;
@@ -65,6 +67,7 @@ mod query_message;
 pub(crate) mod reply;
 mod send_message;
 
+pub(crate) use admin_store::mq_key;
 pub(crate) use pool::PooledString;
 pub(crate) use pull_message::{Hold, Waiting};
 pub(crate) use reply::{Reply, ReplyTo};
@@ -253,13 +256,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         GET_MAX_OFFSET | GET_MIN_OFFSET => admin_broker::queue_offset(st, &req).await,
         SEARCH_OFFSET_BY_TIMESTAMP => admin_broker::search_offset(st, &req).await,
         GET_EARLIEST_MSG_STORETIME => admin_broker::earliest_time(st, &req).await,
-        HEART_BEAT => {
-            let r = client_manage::heartbeat(st, &req, conn);
-            if r.is_ok() {
-                admin_group::note_connection(st, &req, conn, peer);
-            }
-            r
-        }
+        HEART_BEAT => client_manage::heartbeat(st, &req, conn, peer),
         GET_CONSUMER_CONNECTION_LIST => admin_group::consumer_connections(st, &req),
         GET_PRODUCER_CONNECTION_LIST => admin_group::producer_connections(st, &req),
         UNREGISTER_CLIENT => client_manage::unregister(st, &req),
@@ -273,6 +270,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         UPDATE_BROKER_CONFIG => admin_store::update_broker_config(st, &req).await,
         GET_TOPIC_STATS_INFO => admin_store::topic_stats(st, &req).await,
         DELETE_TOPIC_IN_BROKER => admin_store::delete_topic(st, &req).await,
+        DELETE_TOPIC_IN_BROKER_LIST => admin_store::delete_topic_list(st, &req).await,
         CLEAN_UNUSED_TOPIC => admin_store::clean_unused_topics(st, &req).await,
         DELETE_EXPIRED_COMMITLOG => admin_store::delete_expired(st, &req).await,
         GET_ALL_TOPIC_LIST_FROM_NAMESERVER => Ok(admin_store::topic_list(st, &req)),
@@ -280,10 +278,12 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
         UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => admin_group::update_group(st, &req),
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG => Ok(admin_group::all_groups(st, &req)),
         DELETE_SUBSCRIPTIONGROUP => admin_group::delete_group(st, &req),
+        DELETE_SUBSCRIPTIONGROUP_LIST => admin_group::delete_group_list(st, &req),
         GET_CONSUME_STATS => admin_group::consume_stats(st, &req).await,
         LOCK_BATCH_MQ => admin_group::lock_batch(st, &req),
         UNLOCK_BATCH_MQ => admin_group::unlock_batch(st, &req),
         CHECK_CLIENT_CONFIG => admin_group::check_client_config(st, &req),
+        INVOKE_BROKER_TO_RESET_OFFSET => admin_offset::reset_offset(st, &req).await,
         TEST_PANIC_IN_HANDLER if st.cfg.test_hooks => {
             panic!("test hook: request code {TEST_PANIC_IN_HANDLER} panics in its handler")
         }

@@ -23,6 +23,8 @@ pub const END_TRANSACTION: i32 = 37;
 pub const GET_CONSUMER_LIST_BY_GROUP: i32 = 38;
 /// Broker to producer: what became of this half message?
 pub const CHECK_TRANSACTION_STATE: i32 = 39;
+/// Broker to consumer (one-way): the group's member set changed; rebalance now.
+pub const NOTIFY_CONSUMER_IDS_CHANGED: i32 = 40;
 pub const GET_ALL_CONSUMER_OFFSET: i32 = 43;
 pub const UPDATE_BROKER_CONFIG: i32 = 25;
 pub const GET_BROKER_CONFIG: i32 = 26;
@@ -39,12 +41,20 @@ pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
 pub const DELETE_SUBSCRIPTIONGROUP: i32 = 207;
 pub const GET_CONSUME_STATS: i32 = 208;
 pub const DELETE_TOPIC_IN_BROKER: i32 = 215;
+/// Broker to consumer (one-way): take these offsets (after an admin reset).
+pub const RESET_CONSUMER_CLIENT_OFFSET: i32 = 220;
+/// Admin to broker: reset a group's offsets of a topic by store time.
+pub const INVOKE_BROKER_TO_RESET_OFFSET: i32 = 222;
 pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
 pub const CLEAN_UNUSED_TOPIC: i32 = 316;
 pub const DELETE_EXPIRED_COMMITLOG: i32 = 329;
 pub const REGISTER_BROKER: i32 = 103;
 pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
 pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
+/// RocketMQ-Rust's batch forms of 215 and 207 (`rocketmq-admin-cli` deleteTopic and
+/// deleteSubGroup send them).
+pub const DELETE_TOPIC_IN_BROKER_LIST: i32 = 5002;
+pub const DELETE_SUBSCRIPTIONGROUP_LIST: i32 = 5003;
 pub const SEND_MESSAGE_V2: i32 = 310;
 pub const SEND_BATCH_MESSAGE: i32 = 320;
 pub const LITE_PULL_MESSAGE: i32 = 361;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Orderly push consumers with the PyPI `rocketmq` client (0.4.4, Apache's C++ client;
+# installed into a venv as scripts/interop_schedule.sh does): starts a coremq node and
+# runs scripts/interop_orderly.py (two `PushConsumer(orderly=True)` of one group,
+# queue locks 41/42, the consumer-ids-changed notice 40 on a join, per-key order).
+#
+#   scripts/interop_orderly.sh   (COREMQ_BIN=path, COREMQ_NETWORK=threads as interop.sh)
+#
+# Exit 0 when every check passed; 77 when the client cannot be installed (skip).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+work="$(mktemp -d /tmp/coremq-interop.XXXXXX)"
+venv="${INTEROP_VENV:-/tmp/coremq-interop-venv}"
+node_pid=""
+cleanup() {
+    if [[ -n "$node_pid" ]] && kill -0 "$node_pid" 2>/dev/null; then kill -TERM "$node_pid" || true; wait "$node_pid" || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+py="${PYTHON:-python3}"
+if [[ ! -x "$venv/bin/python" ]]; then
+    "$py" -m venv "$venv" || { echo "SKIPPED: cannot create a venv"; exit 77; }
+fi
+if ! "$venv/bin/python" -c 'import rocketmq.client' 2>/dev/null; then
+    "$venv/bin/pip" install -q 'rocketmq==0.4.4' || { echo "SKIPPED: cannot install rocketmq from PyPI"; exit 77; }
+fi
+
+if [[ -z "${COREMQ_BIN:-}" ]]; then
+    (cd "$root" && cargo build -q --features cli)
+    COREMQ_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/coremq"
+fi
+
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
+printf 'network = "%s"\n' "${COREMQ_NETWORK:-shards}" >"$work/coremq.toml"
+"$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
+    --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
+    >"$work/node.log" 2>&1 &
+node_pid=$!
+for _ in $(seq 100); do
+    grep -q "node serving" "$work/node.log" && break
+    kill -0 "$node_pid" 2>/dev/null || { cat "$work/node.log"; exit 1; }
+    sleep 0.1
+done
+
+status=0
+(cd "$work" && timeout 180 "$venv/bin/python" "$here/interop_orderly.py" "127.0.0.1:$namesrv_port") || status=$?
+
+kill -TERM "$node_pid"; wait "$node_pid" || status=1; node_pid=""
+[[ $status -eq 0 ]] || { echo "--- node log ---"; tail -40 "$work/node.log"; }
+[[ -z "${KEEP_NODE_LOG:-}" ]] || cp "$work/node.log" "$KEEP_NODE_LOG"
+exit $status
