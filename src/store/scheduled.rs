@@ -206,9 +206,8 @@ impl Store {
     /// level's delivery task (`crate::schedule`).
     pub async fn schedule_arrival(&self, level: i32) {
         let q = usize::try_from(level - 1).ok();
-        match q.and_then(|q| self.inner.sched.arrivals.get(q)) {
-            Some(n) => n.wait().await,
-            None => {}
+        if let Some(n) = q.and_then(|q| self.inner.sched.arrivals.get(q)) {
+            n.wait().await;
         }
     }
 
