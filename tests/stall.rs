@@ -114,6 +114,8 @@ struct Log {
     busy: BTreeSet<u64>,
     statuses: Vec<PutStatus>,
     slowest: Duration,
+    /// The executor's longest gap during the stall (see [`Heartbeat`]).
+    gap: Option<Rc<Heartbeat>>,
 }
 
 /// One timed put; panics if it answered late or with a status that cannot be right.
@@ -132,10 +134,13 @@ async fn put(
     let t0 = Instant::now();
     let r = store.put(message(i, wait, len)).await;
     let took = t0.elapsed();
+    let gap = log.borrow().gap.as_ref().map(|g| g.gap());
     assert!(
         took <= TIMEOUT + MARGIN,
-        "{what}: put {i} answered {:?} after {took:?}, later than the timeout {TIMEOUT:?} + {MARGIN:?}",
-        r.status
+        "{what}: put {i} answered {:?} after {took:?}, later than the timeout {TIMEOUT:?} + \
+         {MARGIN:?} (longest executor gap so far {gap:?}; statistics {:?})",
+        r.status,
+        store.stats()
     );
     let mut l = log.borrow_mut();
     l.slowest = l.slowest.max(took);
@@ -174,10 +179,87 @@ impl Watchdog {
         std::thread::spawn(move || {
             if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(WATCHDOG) {
                 eprintln!("watchdog: the stall outlived {WATCHDOG:?}; releasing the device");
+                print_thread_stacks();
                 dev.release();
             }
         });
         Watchdog(Some(tx))
+    }
+}
+
+/// Every thread of this process, its state and its kernel stack (root only): where an
+/// executor blocked in a system call, if one did.
+fn print_thread_stacks() {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit(") ")
+            .next()
+            .unwrap_or("")
+            .chars()
+            .next()
+            .unwrap_or('?');
+        eprintln!(
+            "thread {} {:?} state {state} wchan {}\n{}",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan"),
+            read("stack")
+        );
+    }
+}
+
+/// The longest gap between wakes of a task that sleeps 1 ms in its own task queue,
+/// since the last [`Heartbeat::reset`]: a put answering late while the gap stayed small
+/// was not woken; one answering late with a gap as long means its executor did not run.
+#[derive(Default)]
+struct Heartbeat {
+    gap: std::cell::Cell<Duration>,
+    reset: std::cell::Cell<bool>,
+}
+
+impl Heartbeat {
+    fn start() -> Rc<Heartbeat> {
+        let hb = Rc::new(Heartbeat::default());
+        let h = hb.clone();
+        let tq = glommio::executor().create_task_queue(
+            glommio::Shares::Static(1000),
+            glommio::Latency::NotImportant,
+            "stall-heartbeat",
+        );
+        glommio::spawn_local_into(
+            async move {
+                let mut last = Instant::now();
+                while Rc::strong_count(&h) > 1 {
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                    let now = Instant::now();
+                    if h.reset.replace(false) {
+                        h.gap.set(Duration::ZERO);
+                    } else {
+                        h.gap.set(h.gap.get().max(now - last));
+                    }
+                    last = now;
+                }
+            },
+            tq,
+        )
+        .unwrap()
+        .detach();
+        hb
+    }
+
+    /// Forgets the gaps so far (the next one measured starts at the next wake).
+    fn reset(&self) {
+        self.reset.set(true);
+    }
+
+    fn gap(&self) -> Duration {
+        self.gap.get()
     }
 }
 
@@ -193,7 +275,10 @@ impl Drop for Watchdog {
 async fn puts_answer_in_time(cfg: StoreConfig, dev: Arc<dyn Device>, what: &str) {
     let sync = cfg.flush_mode == FlushMode::Sync;
     let store = Store::open(cfg.clone()).await.unwrap();
-    let log = Rc::new(RefCell::new(Log::default()));
+    let log = Rc::new(RefCell::new(Log {
+        gap: Some(Heartbeat::start()),
+        ..Log::default()
+    }));
     for _ in 0..40 {
         let s = put(&store, &log, true, 1000, what).await;
         assert_eq!(s, PutStatus::PutOk, "{what}: before the stall");
@@ -216,6 +301,9 @@ async fn puts_answer_in_time(cfg: StoreConfig, dev: Arc<dyn Device>, what: &str)
         glommio::timer::sleep(Duration::from_millis(1)).await;
     }
     let stalled_at = Instant::now();
+    if let Some(hb) = &log.borrow().gap {
+        hb.reset();
+    }
     // Producers of ordinary puts, and one of `WAIT=false` puts with larger bodies
     // that fills the write buffers fast in sync mode too.
     let mut tasks = Vec::new();
@@ -262,11 +350,13 @@ async fn puts_answer_in_time(cfg: StoreConfig, dev: Arc<dyn Device>, what: &str)
         let l = log.borrow();
         let count = |s: PutStatus| l.statuses.iter().filter(|x| **x == s).count();
         eprintln!(
-            "{what}: during the stall: {} ok, {} flush timeouts, {} busy; slowest put {:?}",
+            "{what}: during the stall: {} ok, {} flush timeouts, {} busy; slowest put {:?}; \
+             longest executor gap {:?}",
             count(PutStatus::PutOk) - 40,
             count(PutStatus::FlushDiskTimeout),
             count(PutStatus::OsPageCacheBusy),
-            l.slowest
+            l.slowest,
+            l.gap.as_ref().map(|g| g.gap())
         );
         assert!(
             count(PutStatus::OsPageCacheBusy) > 0,
@@ -553,4 +643,99 @@ fn sync_puts_answer_in_time_on_a_stalled_device() {
 #[test]
 fn async_puts_answer_in_time_on_a_stalled_device() {
     on_real_device(FlushMode::Async, "device async");
+}
+
+// ---- no journal handle on the executor for a read ----
+
+/// Every regular file under `dir` and its access time (seconds, nanoseconds).
+fn access_times(dir: &Path) -> Vec<(PathBuf, (i64, i64))> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push((e.path(), (m.atime(), m.atime_nsec())));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Sets `path`'s access time to `t` seconds after the epoch, its change time untouched.
+fn set_access_time(path: &Path, t: i64) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let times = [
+        libc::timespec {
+            tv_sec: t,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    // SAFETY: a valid NUL-terminated path and two timespecs, as utimensat takes.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) },
+        0,
+        "utimensat {}",
+        path.display()
+    );
+}
+
+/// Store files are read without access-time updates (O_NOATIME): under `relatime` a
+/// read of a file whose access time is older than its modification updates it, a
+/// journal handle started by the reading thread, which for an io_uring read issued
+/// inline is the shard's executor; with the device stalled that handle can wait for
+/// a journal commit that waits for the device (`Disk::open`).
+#[test]
+fn gets_read_store_files_without_updating_access_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let root2 = root.clone();
+    common::run(move || async move {
+        let cfg = StoreConfig::small_for_tests(&root2);
+        let store = Store::open(cfg.clone()).await.unwrap();
+        let mut sent = Vec::new();
+        for i in 0..200u64 {
+            let r = store.put(message(i, true, 2000)).await;
+            assert_eq!(r.status, PutStatus::PutOk);
+            sent.push(i);
+        }
+        store.wait_dispatched().await;
+        store.shutdown().await.unwrap();
+        // Reopened (nothing cached): then every store file's access time is set well
+        // before its modification, and the gets read from the files.
+        let store = Store::open(cfg).await.unwrap();
+        let before = access_times(&root2);
+        for (p, _) in &before {
+            set_access_time(p, 1_000_000);
+        }
+        let before = access_times(&root2);
+        assert!(
+            before
+                .iter()
+                .any(|(p, _)| p.to_string_lossy().contains("commitlog"))
+        );
+        let ids = stored_ids(&store).await;
+        assert_eq!(ids.len(), sent.len(), "every message read back");
+        let after = access_times(&root2);
+        let changed: Vec<_> = before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| b != a)
+            .map(|(b, _)| b.0.display().to_string())
+            .collect();
+        assert!(
+            changed.is_empty(),
+            "reads updated access times of {changed:?}"
+        );
+        store.shutdown().await.unwrap();
+    });
 }
