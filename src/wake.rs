@@ -16,6 +16,7 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,9 @@ pub struct OffsetWatch {
     /// Every pending [`WaitFor`].
     waiters: RefCell<Vec<Waiter>>,
     next_id: Cell<u64>,
+    /// Told when a wait with a deadline registers (the owner's expiry ticker sleeps
+    /// until then instead of ticking while nothing can expire).
+    deadline_hook: RefCell<Option<Rc<Notify>>>,
 }
 
 struct Waiter {
@@ -132,6 +136,16 @@ impl OffsetWatch {
         })
     }
 
+    /// `hook` is notified whenever a wait with a deadline registers.
+    pub fn on_deadline_wait(&self, hook: Rc<Notify>) {
+        *self.deadline_hook.borrow_mut() = Some(hook);
+    }
+
+    /// Whether some pending wait has a deadline ([`OffsetWatch::expire`] has work).
+    pub fn has_deadline_waits(&self) -> bool {
+        self.waiters.borrow().iter().any(|w| w.deadline.is_some())
+    }
+
     /// Wakes every waiter whose deadline is at or before `now`.
     pub fn expire(&self, now: Instant) {
         self.wake_where(|w| w.deadline.is_some_and(|d| d <= now));
@@ -184,6 +198,11 @@ impl Future for WaitFor<'_> {
             deadline: self.deadline,
         });
         self.id = Some(id);
+        if self.deadline.is_some()
+            && let Some(hook) = &*watch.deadline_hook.borrow()
+        {
+            hook.notify();
+        }
         Poll::Pending
     }
 }

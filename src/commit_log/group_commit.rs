@@ -55,6 +55,10 @@ use crate::error::{Error, Result};
 use crate::io::{AlignedBuf, PAGE, align_down, align_up, pwritev_dsync};
 use std::rc::Rc;
 
+/// While bytes wait for the thread, the writer task also looks this often (a
+/// safety net; the thread's wake-up after each round is the way it learns).
+const SAFETY_TICK: Duration = Duration::from_millis(10);
+
 /// The longest a round waits to gather more puts (see `run`).
 const GATHER_MAX: Duration = Duration::from_micros(250);
 
@@ -488,12 +492,17 @@ impl CommitLog {
             if self.stopping.get() && self.flushed.get() == self.written.get() {
                 return Ok(());
             }
+            // Woken by an append that needs a segment ahead, a replica append, a
+            // stop, or the thread's next round. The 10 ms timer is a safety net for
+            // a lost cross-thread wake, only while bytes wait to be made durable: an
+            // idle shard's writer sleeps (it woke 100 times a second).
             let seen = self.flushed.get();
-            futures_lite::future::or(
-                futures_lite::future::or(self.writer_wake.wait(), gc.progress(seen)),
-                glommio::timer::sleep(Duration::from_millis(10)),
-            )
-            .await;
+            let woken = futures_lite::future::or(self.writer_wake.wait(), gc.progress(seen));
+            if seen < self.written.get() {
+                futures_lite::future::or(woken, glommio::timer::sleep(SAFETY_TICK)).await;
+            } else {
+                woken.await;
+            }
         }
     }
 }

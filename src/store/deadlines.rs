@@ -16,14 +16,14 @@
 //!
 //! Decisions:
 //! * One ticker task per store expires the three watches every tick (an eighth of the
-//!   timeout, 1-20 ms), instead of a timer per put. Always ticking, also while no wait
-//!   has a deadline (50 wake-ups a second of an idle shard): a ticker that slept until
-//!   a wait registered (tried twice: on the notification alone, and on it or 100 ms)
-//!   saw a put answer ~100 ms late in 1 of 10-17 runs of `tests/stall.rs`, the lost
-//!   timer wake of vendor/glommio/COREMQ-PATCHES.md "Open"; ticking hides it (a glommio timer per sync put was
-//!   ~4% of a shard's CPU). It is its own task, not the writer's loop: the writer
-//!   awaits the disk (a segment creation, a sync round on the simulated disk or with
-//!   `RingWriteFdatasync`), and while it does, a tick there would never come.
+//!   timeout, 1-20 ms) while some wait has a deadline, and sleeps on a notification
+//!   (`armed`, told by every wait that registers with a deadline) while none has,
+//!   instead of a timer per put (a glommio timer per sync put was ~4% of a shard's
+//!   CPU) or a tick forever (50 wake-ups a second of an idle shard). It is its own
+//!   task, not the writer's loop: the writer awaits the disk (a segment creation, a
+//!   sync round on the simulated disk or with `RingWriteFdatasync`), and while it
+//!   does, a tick there would never come. The lazy ticker needs every timer of a
+//!   parked executor to fire on time: glommio patch h (vendor/glommio/COREMQ-PATCHES.md).
 //! * The bound is the same in async mode: RocketMQ's `osPageCacheBusyTimeOutMills`
 //!   (1 s) bounds only the put lock; here the put waits for room, so the one timeout a
 //!   caller already sets for "how long may a put take" bounds it too.
@@ -31,8 +31,8 @@
 //!   stalled `fsync` there would stop the ticker and every put with it.
 
 use super::{Inner, State};
-use crate::wake::OffsetWatch;
-use std::rc::Weak;
+use crate::wake::{Notify, OffsetWatch};
+use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 /// How often the ticker expires waits: an eighth of the timeout, within 1-20 ms.
@@ -41,22 +41,42 @@ pub(super) fn tick(timeout: Duration) -> Duration {
 }
 
 /// The ticker task: until the store is stopped or gone (it holds no strong
-/// reference, so it never keeps a dropped store alive).
-pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration) {
+/// reference, so it never keeps a dropped store alive). While no wait has a deadline
+/// it sleeps until one registers (`armed`).
+pub(super) async fn run_ticker(inner: Weak<Inner>, tick: Duration, armed: Rc<Notify>) {
     loop {
+        let idle = {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            if inner.state.get() == State::Stopped {
+                return;
+            }
+            !watches(&inner).iter().any(|w| w.has_deadline_waits())
+        };
+        if idle {
+            armed.wait().await;
+            continue;
+        }
         glommio::timer::sleep(tick).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        if inner.state.get() == State::Stopped {
-            return;
-        }
         let now = Instant::now();
-        let watches: [&OffsetWatch; 3] =
-            [&inner.dispatched, &inner.log.committed, &inner.log.flushed];
-        for w in watches {
+        for w in watches(&inner) {
             w.expire(now);
         }
+    }
+}
+
+fn watches(inner: &Inner) -> [&OffsetWatch; 3] {
+    [&inner.dispatched, &inner.log.committed, &inner.log.flushed]
+}
+
+/// Hooks the three watches to `armed` (the ticker's wake-up).
+pub(super) fn arm(inner: &Inner, armed: &Rc<Notify>) {
+    for w in watches(inner) {
+        w.on_deadline_wait(armed.clone());
     }
 }
 

@@ -81,6 +81,8 @@ struct Inner {
     queues: QueueTable,
     /// Records below this are visible to readers.
     dispatched: OffsetWatch,
+    /// Wakes the put-deadline ticker (`deadlines.rs`).
+    deadline_armed: Rc<Notify>,
     dispatch_wake: Notify,
     flusher_wake: Notify,
     /// The dispatcher's read buffer, reused.
@@ -229,6 +231,7 @@ impl Store {
         }
         let failure = self.failure();
         inner.state.set(State::Stopped);
+        inner.deadline_armed.notify();
         if let Some(f) = failure {
             inner.lock.borrow_mut().take();
             return Err(Error::Failed(f));
@@ -293,7 +296,8 @@ impl Inner {
         // Not among `tasks`: it times puts out until the store is stopped or gone,
         // during a shutdown too.
         let tick = deadlines::tick(self.cfg.sync_flush_timeout);
-        let ticker = deadlines::run_ticker(Rc::downgrade(self), tick);
+        deadlines::arm(self, &self.deadline_armed);
+        let ticker = deadlines::run_ticker(Rc::downgrade(self), tick, self.deadline_armed.clone());
         glommio::spawn_local_into(ticker, tq("put-deadlines", 1000))
             .map_err(|e| Error::Config(format!("cannot spawn put-deadlines: {e}")))?
             .detach();

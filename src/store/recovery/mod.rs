@@ -194,6 +194,7 @@ async fn open_structures(
         log,
         queues,
         dispatched: OffsetWatch::new(0),
+        deadline_armed: Rc::new(Notify::default()),
         dispatch_wake: Notify::default(),
         flusher_wake: Notify::default(),
         put_scratch: RefCell::new(PutScratch::default()),

@@ -1053,7 +1053,11 @@ impl SleepableRing {
     // Raised from 10 ms to 100 ms in the second round (COREMQ-PATCHES.md, e).
     pub(crate) const MAX_PARK: Duration = Duration::from_millis(100);
 
-    fn sleep(&mut self, link: &Source) -> io::Result<usize> {
+    // coremq patch (h): the wait also ends when the next user timer is due. The timer
+    // is still armed on the latency ring, but its expiry reaches this wait only through
+    // the nested poll of that ring, the path that lost wake-ups (see `MAX_PARK`): a
+    // timer then fired up to `MAX_PARK` late.
+    fn sleep(&mut self, link: &Source, user_timer: Option<Duration>) -> io::Result<usize> {
         assert_eq!(
             self.waiting_kernel_submission(),
             0,
@@ -1098,9 +1102,10 @@ impl SleepableRing {
                 // The rings are linked. Goodnight!
                 // coremq patch: for at most `MAX_PARK`; its timeout (ETIME) is a
                 // normal wake-up.
+                let park = user_timer.map_or(Self::MAX_PARK, |t| t.min(Self::MAX_PARK));
                 self.ring
                     .cq()
-                    .wait_with_timeout(1, Self::MAX_PARK)
+                    .wait_with_timeout(1, park)
                     .or_else(|e| match e.raw_os_error() {
                         Some(libc::ETIME) => Ok(()),
                         _ => Err(e),
@@ -1740,7 +1745,11 @@ impl Reactor {
     ///
     /// We may not be able to register an `SQE` at this point, so we return an
     /// Error and will just not sleep.
-    fn link_rings_and_sleep(&self, ring: &mut SleepableRing) -> io::Result<()> {
+    fn link_rings_and_sleep(
+        &self,
+        ring: &mut SleepableRing,
+        user_timer: Option<Duration>,
+    ) -> io::Result<()> {
         let link_rings = Source::new(
             IoRequirements::default(),
             self.link_fd,
@@ -1748,7 +1757,9 @@ impl Reactor {
             None,
             None,
         );
-        ring.sleep(&link_rings).or_else(Self::busy_ok).map(|_| {})
+        ring.sleep(&link_rings, user_timer)
+            .or_else(Self::busy_ok)
+            .map(|_| {})
     }
 
     pub(crate) fn poll_io(&self, woke: &mut usize) -> io::Result<()> {
@@ -1886,7 +1897,7 @@ impl Reactor {
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
-                    self.link_rings_and_sleep(&mut main_ring)
+                    self.link_rings_and_sleep(&mut main_ring, user_timer)
                         .expect("some error");
                     // May have new cancellations related to the link ring fd.
                     flush_cancellations!(into &mut 0; lat_ring, poll_ring, main_ring);
