@@ -172,6 +172,33 @@ fn a_node_on_a_small_file_system_keeps_taking_writes() {
         longest_refusal < Duration::from_secs(3),
         "sends were refused for {longest_refusal:?} in a row"
     );
+    // Retention settles first: the last sends can leave the file system over its
+    // level, and passes (every 100 ms) delete until it is under; a pass that deleted
+    // while the queues below were read would move a minimum under the reader.
+    let mins = |c: &mut Client| -> Vec<u64> {
+        (0..QUEUES)
+            .map(|q| {
+                let qs = q.to_string();
+                field_u64(
+                    &c.ok(GET_MIN_OFFSET, &[("topic", "Fill"), ("queueId", &qs)], b""),
+                    "offset",
+                )
+            })
+            .collect()
+    };
+    let settle = Instant::now();
+    let (mut last, mut since) = (mins(&mut c), Instant::now());
+    while since.elapsed() < Duration::from_secs(1) {
+        assert!(
+            settle.elapsed() < Duration::from_secs(60),
+            "retention kept deleting for 60 s after the sends"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        let now = mins(&mut c);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
     // Everything acknowledged from each queue's minimum on is there, in order.
     let mut kept = 0;
     for (q, offs) in &acked {
