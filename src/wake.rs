@@ -146,6 +146,19 @@ impl OffsetWatch {
         self.waiters.borrow().iter().any(|w| w.deadline.is_some())
     }
 
+    /// [`OffsetWatch::wait_until`] that also wakes itself at `deadline` with a timer of
+    /// its own, not only through the owner's expiry: for the rare waits (a put finding
+    /// no free write buffer or dispatch too far behind), so that their answer by the
+    /// deadline depends on no other task. The common wait (a sync put's flush) keeps
+    /// the timer-free form.
+    pub async fn wait_until_timed(&self, target: u64, deadline: Instant) -> Option<bool> {
+        let timer = async {
+            glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+            None
+        };
+        futures_lite::future::or(self.wait_until(target, deadline), timer).await
+    }
+
     /// Wakes every waiter whose deadline is at or before `now`.
     pub fn expire(&self, now: Instant) {
         self.wake_where(|w| w.deadline.is_some_and(|d| d <= now));
@@ -371,5 +384,34 @@ mod tests {
         w.set(7);
         assert_eq!(count.0.load(std::sync::atomic::Ordering::Relaxed), 1);
         assert_eq!(poll(&mut kept, &waker), Poll::Ready(true));
+    }
+
+    /// The timed form answers at its deadline on its own: no owner calls `expire`
+    /// here, so the plain form would wait until the value came.
+    #[test]
+    fn a_timed_wait_answers_at_its_deadline_without_expiry() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(|| async {
+                let w = OffsetWatch::new(0);
+                let t0 = Instant::now();
+                let deadline = t0 + Duration::from_millis(30);
+                assert_eq!(w.wait_until_timed(10, deadline).await, None);
+                assert!(Instant::now() >= deadline);
+                assert!(
+                    w.waiters.borrow().is_empty(),
+                    "the wait left its entry behind"
+                );
+                let reached = async {
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                    w.set(10);
+                };
+                let far = Instant::now() + Duration::from_secs(60);
+                let (got, ()) =
+                    futures_lite::future::zip(w.wait_until_timed(10, far), reached).await;
+                assert_eq!(got, Some(true));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 }

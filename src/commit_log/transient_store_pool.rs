@@ -284,7 +284,7 @@ impl CommitLog {
                 futures_lite::future::yield_now().await;
             } else if self
                 .committed
-                .wait_until(oldest_end, deadline.at())
+                .wait_until_timed(oldest_end, deadline.at())
                 .await
                 .is_none()
             {

@@ -257,7 +257,7 @@ impl Store {
             inner.dispatch_wake.notify();
             let caught_up = inner
                 .dispatched
-                .wait_until(written - max_lag / 2, deadline.at())
+                .wait_until_timed(written - max_lag / 2, deadline.at())
                 .await;
             if caught_up.is_none() {
                 return busy();
