@@ -1420,11 +1420,18 @@ impl Reactor {
             },
             x => panic!("Unexpected source type for write: {:?}", x),
         };
-        queue_request_into_ring(
+        // coremq patch (i): a file write is never issued inline by the executor's own
+        // io_uring_enter but always by an io-wq worker (IOSQE_ASYNC). ext4 updates the
+        // file's mtime in the write path, ignoring IOCB_NOWAIT, and that journal
+        // update waits for a journal commit that waits for the device: inline, a
+        // stalled disk stopped the whole executor (coremq's tests/stall.rs caught the
+        // executor in `do_get_write_access` under `io_write` for 19 s).
+        queue_request_into_ring_flags(
             &mut *self.ring_for_source(source),
             source,
             op,
             &mut self.source_map.borrow_mut(),
+            SubmissionFlags::ASYNC,
         );
     }
 
@@ -2027,14 +2034,26 @@ fn queue_request_into_ring(
     descriptor: UringOpDescriptor,
     source_map: &mut SourceMap,
 ) {
+    queue_request_into_ring_flags(ring, source, descriptor, source_map, SubmissionFlags::empty())
+}
+
+// coremq patch (i): `queue_request_into_ring` with extra SQE flags.
+fn queue_request_into_ring_flags(
+    ring: &mut (impl UringCommon + ?Sized),
+    source: &Source,
+    descriptor: UringOpDescriptor,
+    source_map: &mut SourceMap,
+    extra: SubmissionFlags,
+) {
     source.inner.borrow_mut().wakers.queued_at = Some(Instant::now());
     let q = ring.submission_queue();
     let id = source_map.add_source(source, Rc::clone(&q));
 
-    let flags = match &*source.timeout_ref() {
-        Some(_) => SubmissionFlags::IO_LINK,
-        _ => SubmissionFlags::empty(),
-    };
+    let flags = extra
+        | match &*source.timeout_ref() {
+            Some(_) => SubmissionFlags::IO_LINK,
+            _ => SubmissionFlags::empty(),
+        };
 
     let mut queue = q.borrow_mut();
     queue.submissions.push_back(UringDescriptor {
