@@ -217,15 +217,21 @@ fn print_thread_stacks() {
 /// The longest gap between wakes of a task that sleeps 1 ms in its own task queue,
 /// since the last [`Heartbeat::reset`]: a put answering late while the gap stayed small
 /// was not woken; one answering late with a gap as long means its executor did not run.
-#[derive(Default)]
 struct Heartbeat {
     gap: std::cell::Cell<Duration>,
     reset: std::cell::Cell<bool>,
+    /// The last beat: a beat still due counts as a gap too (an executor that stopped
+    /// right after a reset has measured nothing yet).
+    last: std::cell::Cell<Instant>,
 }
 
 impl Heartbeat {
     fn start() -> Rc<Heartbeat> {
-        let hb = Rc::new(Heartbeat::default());
+        let hb = Rc::new(Heartbeat {
+            gap: Default::default(),
+            reset: Default::default(),
+            last: std::cell::Cell::new(Instant::now()),
+        });
         let h = hb.clone();
         let tq = glommio::executor().create_task_queue(
             glommio::Shares::Static(1000),
@@ -244,6 +250,7 @@ impl Heartbeat {
                         h.gap.set(h.gap.get().max(now - last));
                     }
                     last = now;
+                    h.last.set(now);
                 }
             },
             tq,
@@ -259,7 +266,7 @@ impl Heartbeat {
     }
 
     fn gap(&self) -> Duration {
-        self.gap.get()
+        self.gap.get().max(self.last.get().elapsed())
     }
 }
 
