@@ -240,16 +240,14 @@ impl Heartbeat {
         );
         glommio::spawn_local_into(
             async move {
-                let mut last = Instant::now();
                 while Rc::strong_count(&h) > 1 {
                     glommio::timer::sleep(Duration::from_millis(1)).await;
                     let now = Instant::now();
                     if h.reset.replace(false) {
                         h.gap.set(Duration::ZERO);
                     } else {
-                        h.gap.set(h.gap.get().max(now - last));
+                        h.gap.set(h.gap.get().max(now - h.last.get()));
                     }
-                    last = now;
                     h.last.set(now);
                 }
             },

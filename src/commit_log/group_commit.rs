@@ -492,8 +492,9 @@ impl CommitLog {
             if self.stopping.get() && self.flushed.get() == self.written.get() {
                 return Ok(());
             }
-            // Woken by an append that needs a segment ahead, a replica append, a
-            // stop, or the thread's next round. The 10 ms timer is a safety net for
+            // Woken by an append that needs a segment ahead (puts and replica
+            // appends both publish through `wake_sync_writer`), a stop, or the
+            // thread's next round. The 10 ms timer is a safety net for
             // a lost cross-thread wake, only while bytes wait to be made durable: an
             // idle shard's writer sleeps (it woke 100 times a second).
             let seen = self.flushed.get();

@@ -85,9 +85,6 @@ impl CommitLog {
                 done.last_store_ts = ts;
             }
         }
-        // The writer commits (async) or hands the bytes to the group-commit thread
-        // (sync): it sleeps while it knows of nothing to do.
-        self.writer_wake.notify();
         Ok(done)
     }
 

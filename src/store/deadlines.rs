@@ -27,10 +27,10 @@
 //! * The two waits before the append (no free write buffer, dispatch too far behind)
 //!   also carry a glommio timer of their own (`OffsetWatch::wait_until_timed`): they
 //!   are rare (an overloaded or stalled shard), so the timer costs nothing that
-//!   matters, and their answer by the deadline then depends on no other task. CI saw
-//!   once the first put to wait for a write buffer on a stalled device answer only at
-//!   the device's release (19.96 s), the ticker having expired nothing; not
-//!   reproduced, so not explained (README "Reliability", disk stalls).
+//!   matters, and their answer by the deadline then depends on no other task. (The
+//!   19.96 s put CI once saw in `tests/stall.rs` was the executor itself blocked in a
+//!   file write's mtime update, fixed by glommio patch i; this keeps the slow path
+//!   from resting on the ticker task alone.)
 //! * The bound is the same in async mode: RocketMQ's `osPageCacheBusyTimeOutMills`
 //!   (1 s) bounds only the put lock; here the put waits for room, so the one timeout a
 //!   caller already sets for "how long may a put take" bounds it too.
