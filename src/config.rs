@@ -184,12 +184,14 @@ pub struct ScheduleConfig {
     /// Run the delivery tasks (the sharded store starts them on every master shard).
     /// Off: delayed and timed messages are stored and wait.
     pub deliver: bool,
-    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`). Off by default, and
-    /// [`ScheduleConfig::validate`] refuses it on: their delivery (the timer) is not
-    /// built yet, so a timed message is refused (`IllegalReason::TimerDisabled`)
-    /// rather than stored where nothing would deliver it. A time at or before now is
-    /// an ordinary message.
+    /// Accept and deliver timed messages (RocketMQ 5 `timerWheelEnable`, on by
+    /// default). Off: a timed message is refused (`IllegalReason::TimerDisabled`). A
+    /// time at or before now is an ordinary message either way.
     pub timer_enable: bool,
+    /// Timed messages the timer keeps in memory per shard (24 bytes each); the rest wait
+    /// in sorted runs on disk (`crate::timer`). Memory per shard stays under this x 24
+    /// bytes + 1 MiB however many are pending. Default 262,144 (about 7 MiB).
+    pub timer_memory_entries: usize,
     /// Furthest delivery time accepted (RocketMQ 5 `timerMaxDelaySec`: 3 days).
     pub timer_max_delay: Duration,
     /// Called with (topic, queue id) when a delivered message is dispatched into its
@@ -217,8 +219,9 @@ impl Default for ScheduleConfig {
         ScheduleConfig {
             message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.to_string(),
             deliver: true,
-            timer_enable: false,
+            timer_enable: true,
             timer_max_delay: Duration::from_secs(3 * 86_400),
+            timer_memory_entries: 262_144,
             on_delivered: None,
         }
     }
@@ -233,14 +236,11 @@ impl ScheduleConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.levels()?;
-        if self.timer_enable {
-            return Err(Error::Config(
-                "timer_enable: timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, \
-                 TIMER_DELAY_MS, __STARTDELIVERTIME) are not delivered yet (no timer); \
-                 leave it off so that they are refused rather than stored and never \
-                 delivered"
-                    .into(),
-            ));
+        if !(2..=1 << 28).contains(&self.timer_memory_entries) {
+            return Err(Error::Config(format!(
+                "timer_memory_entries {} must be within [2, 2^28]",
+                self.timer_memory_entries
+            )));
         }
         if self.timer_max_delay.is_zero()
             || self.timer_max_delay > Duration::from_secs(365 * 86_400)

@@ -31,6 +31,7 @@ pub mod schedule;
 pub mod shard;
 pub mod stats;
 pub mod store;
+pub mod timer;
 #[cfg(feature = "tools")]
 pub mod tools;
 pub mod transaction;

@@ -1,5 +1,6 @@
 //! Sends the node cannot honour are refused with a clear error and store nothing,
-//! never accepted and lost: a timed message (the timer is not built), a
+//! never accepted and lost: a timed message while the timer is switched off, one due
+//! further ahead than the maximum, a
 //! transactional half message (sysFlag prepared, or `TRAN_MSG` true) under
 //! `reject_transaction_message`, and a batch holding a half message (always). Proof
 //! that nothing was stored: the next plain message lands right after the previous one
@@ -24,6 +25,7 @@ fn start(dir: &Path) -> Node {
         shards: 1,
         pin: false,
         reject_transaction_message: true,
+        timer_enable: false,
         ..NodeConfig::default()
     };
     let mut store = ShardedConfig::new(dir);
@@ -162,14 +164,63 @@ fn half_and_timed_messages_are_refused_and_nothing_is_stored() {
     node.shutdown().unwrap();
 }
 
-/// `timer_enable = true` is refused at start-up, naming the key: nothing would
-/// deliver the messages it lets in.
+/// With the timer on (the default), a delivery time past `timer_max_delay_sec` is
+/// refused and nothing is stored; one within it is accepted and stored in the timer
+/// queue, not in its real queue.
 #[test]
-fn timer_enable_is_refused_until_the_timer_exists() {
+fn a_timed_message_too_far_ahead_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
     let cfg = NodeConfig {
-        timer_enable: true,
+        network: Network::Shards,
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        namesrv_enable: false,
+        metrics_enable: false,
+        shards: 1,
+        pin: false,
+        timer_max_delay_sec: 60,
         ..NodeConfig::default()
     };
-    let e = cfg.validate().unwrap_err().to_string();
-    assert!(e.contains("timer_enable"), "{e}");
+    let mut store = ShardedConfig::new(dir.path());
+    store.shards = 1;
+    store.pin = false;
+    store.io_memory_bytes = 8 << 20;
+    store.store = StoreConfig::small_for_tests(dir.path());
+    let node = Node::start_with_store(cfg, store).expect("node starts");
+    let mut c = Client::connect(node.broker_addr);
+    let r = send(&mut c, "pg", "T", 0, b"first", &[], 0);
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let last = wait_queue(&mut c, 0).pop().unwrap();
+    let r = send(
+        &mut c,
+        "pg",
+        "T",
+        0,
+        b"far",
+        &[("TIMER_DELAY_SEC", "61")],
+        0,
+    );
+    assert_eq!(r.code, MESSAGE_ILLEGAL, "{:?}", r.remark);
+    let remark = r.remark.unwrap_or_default();
+    assert!(remark.contains("timer_max_delay_sec"), "{remark}");
+    let r = send(
+        &mut c,
+        "pg",
+        "T",
+        0,
+        b"near",
+        &[("TIMER_DELAY_SEC", "59")],
+        0,
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let r = send(&mut c, "pg", "T", 0, b"plain", &[], 0);
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    let got = wait_queue(&mut c, last.queue_offset + 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].body.as_ref(),
+        b"plain",
+        "the timed one waits in the timer queue"
+    );
+    node.shutdown().unwrap();
 }

@@ -16,8 +16,9 @@
 //! [`TIMER_TOPIC`] queue 0 with `TIMER_OUT_MS` (the delivery time, in milliseconds:
 //! RocketMQ rounds to its 1 s wheel, coremq keeps the exact time), `REAL_TOPIC` and
 //! `REAL_QID`. A message with both a delay level and timer properties is a delay-level
-//! message, as in RocketMQ. The timer topic's tagsCode is `TIMER_OUT_MS` (coremq's
-//! choice: the timer reads delivery times from the queue alone).
+//! message, as in RocketMQ. The timer topic's tagsCode is the due time,
+//! `max(TIMER_OUT_MS, store timestamp)` (coremq's choice: the timer reads due times from
+//! the queue alone).
 //!
 //! **Delivery position** (coremq's). A delivered message is a new record in its real
 //! queue whose first property is [`POSITION`] = `shard,lane,hi,lo`: which shard's
@@ -247,9 +248,13 @@ pub fn schedule_tags_code(store_ts: i64, delay: Option<&str>, levels: &DelayLeve
     Some(store_ts.saturating_add(wait as i64))
 }
 
-/// The ConsumeQueue tagsCode of a record in [`TIMER_TOPIC`]: its `TIMER_OUT_MS`.
-pub fn timer_tags_code(timer_out: Option<&str>) -> Option<i64> {
-    timer_out?.trim().parse().ok()
+/// The ConsumeQueue tagsCode of a record in [`TIMER_TOPIC`] stored at `store_ts`: its
+/// due time, `max(TIMER_OUT_MS, store_ts)` (a put that waited past its delivery time is
+/// due when stored; the timer relies on due times never being below the store
+/// timestamp: `crate::timer`). `None` without a valid `TIMER_OUT_MS`.
+pub fn timer_tags_code(timer_out: Option<&str>, store_ts: i64) -> Option<i64> {
+    let at: i64 = timer_out?.trim().parse().ok()?;
+    Some(at.max(store_ts))
 }
 
 /// A delivered message's place in its schedule (module docs).
@@ -421,8 +426,14 @@ mod tests {
         );
         assert_eq!(schedule_tags_code(100, Some("0"), &l), None);
         assert_eq!(schedule_tags_code(100, None, &l), None);
-        assert_eq!(timer_tags_code(Some("123")), Some(123));
-        assert_eq!(timer_tags_code(Some("x")), None);
+        assert_eq!(timer_tags_code(Some("123"), 100), Some(123));
+        assert_eq!(
+            timer_tags_code(Some("123"), 500),
+            Some(500),
+            "due when stored"
+        );
+        assert_eq!(timer_tags_code(Some("x"), 100), None);
+        assert_eq!(timer_tags_code(None, 100), None);
     }
 
     #[test]

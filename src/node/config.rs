@@ -142,9 +142,12 @@ pub struct NodeConfig {
     pub spare_segments: usize,
     /// Delay levels (RocketMQ `messageDelayLevel`): `ScheduleConfig::message_delay_level`.
     pub message_delay_level: String,
-    /// Accept timed messages (RocketMQ 5 `timerWheelEnable`): must stay off (the
-    /// default) until the timer exists; see `ScheduleConfig::timer_enable`.
+    /// Accept and deliver timed messages (RocketMQ 5 `timerWheelEnable`, on):
+    /// `ScheduleConfig::timer_enable`.
     pub timer_enable: bool,
+    /// Timed messages kept in memory per shard; the rest wait in sorted runs on disk
+    /// (`ScheduleConfig::timer_memory_entries`: 262,144, 24 bytes each).
+    pub timer_memory_entries: usize,
     /// Furthest delivery time of a timed message, in seconds (RocketMQ 5
     /// `timerMaxDelaySec`: 3 days).
     pub timer_max_delay_sec: u64,
@@ -216,7 +219,8 @@ impl Default for NodeConfig {
             segment_bytes: 1 << 30,
             spare_segments: 0,
             message_delay_level: crate::format::schedule::DEFAULT_DELAY_LEVELS.into(),
-            timer_enable: false,
+            timer_enable: true,
+            timer_memory_entries: 262_144,
             timer_max_delay_sec: 3 * 86_400,
             reject_transaction_message: false,
             transaction_timeout_ms: 6000,
@@ -363,6 +367,7 @@ impl NodeConfig {
         ScheduleConfig {
             message_delay_level: self.message_delay_level.clone(),
             timer_enable: self.timer_enable,
+            timer_memory_entries: self.timer_memory_entries,
             timer_max_delay: Duration::from_secs(self.timer_max_delay_sec),
             ..ScheduleConfig::default()
         }

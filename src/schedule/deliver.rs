@@ -119,6 +119,21 @@ impl<H: Host> Deliverer<H> {
         Ok(())
     }
 
+    /// Makes every delivery so far durable (the timer, before it saves its manifest).
+    pub(crate) async fn settle(&mut self) -> Result<(), String> {
+        match self.unflushed {
+            None => return Ok(()),
+            Some((shard, end)) if shard == self.host.shard() => self.local_durable(end).await?,
+            Some((shard, _)) => self
+                .host
+                .flush(shard)
+                .await
+                .map_err(|e| format!("flush of shard {shard} failed: {e}"))?,
+        }
+        self.unflushed = None;
+        Ok(())
+    }
+
     /// Delivers the scheduled record `r` as position `pos`.
     pub(crate) async fn deliver(&mut self, r: &StoredMessage, pos: Position) -> Outcome {
         let msg = match delivery_of(r) {

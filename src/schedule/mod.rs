@@ -93,7 +93,8 @@ impl Stop {
     }
 }
 
-/// Starts the delivery tasks of `host`'s shard (one per delay level) on the current
+/// Starts the delivery tasks of `host`'s shard (one per delay level, and the timer of
+/// timed messages, `crate::timer`, when `ScheduleConfig::timer_enable` is on) on the current
 /// executor, attached to its store so that its shutdown stops them. A sharded store
 /// calls this on every master shard at open (`ScheduleConfig::deliver`); a single
 /// [`Store`](crate::Store) user calls it with [`Solo`].
@@ -116,6 +117,9 @@ pub fn start<H: Host>(host: H) -> crate::Result<()> {
             .detach();
         let stop = stop.clone();
         store.attach_service("schedule", move || stop.trigger(), join);
+    }
+    if store.config().schedule.timer_enable {
+        crate::timer::start(host, tq)?;
     }
     Ok(())
 }

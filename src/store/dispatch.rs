@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::format::Corruption;
 use crate::format::consume_queue::CqEntry;
 use crate::format::record::{self, Decoded, RecordView, Records, Verify};
-use crate::format::schedule::SCHEDULE_TOPIC;
+use crate::format::schedule::{SCHEDULE_TOPIC, TIMER_TOPIC};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -289,6 +289,8 @@ impl Inner {
             Placed::Appended => {
                 if r.topic == SCHEDULE_TOPIC {
                     self.schedule_arrived(r.queue_id);
+                } else if r.topic == TIMER_TOPIC {
+                    self.timer_arrived();
                 }
                 Ok(true)
             }

@@ -45,6 +45,8 @@ pub(super) struct Scheduling {
     /// `SCHEDULE_TOPIC_XXXX` queue, so an idle level task sleeps until then instead of
     /// polling (`crate::schedule`).
     arrivals: Vec<crate::wake::Notify>,
+    /// Notified when dispatch appends an entry to the timer queue (`crate::timer`).
+    timer_arrivals: crate::wake::Notify,
 }
 
 /// `<root>/config/delayOffset.json`.
@@ -72,6 +74,7 @@ impl Scheduling {
         let levels = cfg.schedule.levels()?;
         Ok(Scheduling {
             arrivals: (0..levels.count()).map(|_| Default::default()).collect(),
+            timer_arrivals: Default::default(),
             levels,
             timer: TimerRules {
                 enabled: cfg.schedule.timer_enable,
@@ -125,7 +128,7 @@ impl Inner {
         let scheduled = if r.topic == SCHEDULE_TOPIC {
             schedule::schedule_tags_code(r.store_timestamp, r.property(DELAY), &self.sched.levels)
         } else if r.topic == TIMER_TOPIC {
-            schedule::timer_tags_code(r.property(TIMER_OUT_MS))
+            schedule::timer_tags_code(r.property(TIMER_OUT_MS), r.store_timestamp)
         } else {
             None
         };
@@ -189,6 +192,11 @@ pub(super) fn refusal_status(r: Refusal) -> PutStatus {
 }
 
 impl Inner {
+    /// Dispatch appended an entry to the timer queue.
+    pub(super) fn timer_arrived(&self) {
+        self.sched.timer_arrivals.notify();
+    }
+
     /// Dispatch appended an entry to `SCHEDULE_TOPIC_XXXX` queue `queue_id`.
     pub(super) fn schedule_arrived(&self, queue_id: i32) {
         if let Some(n) = usize::try_from(queue_id)
@@ -209,6 +217,25 @@ impl Store {
         if let Some(n) = q.and_then(|q| self.inner.sched.arrivals.get(q)) {
             n.wait().await;
         }
+    }
+
+    /// Completes when dispatch appended an entry to the timer queue since the last
+    /// completion. One waiter: the timer (`crate::timer`).
+    pub async fn timer_arrival(&self) {
+        self.inner.sched.timer_arrivals.wait().await;
+    }
+
+    /// A time `N` (epoch ms) such that every timer-queue entry due before `N` is in the
+    /// queue when this returns: `N` is now, and this waits until dispatch has caught up
+    /// with what was written at that moment. Store timestamps never go backwards in
+    /// log order, so a record written later has a store timestamp, hence a due time, of
+    /// at least `N` (`crate::timer`).
+    pub async fn timer_horizon(&self) -> i64 {
+        let n = crate::now_ms();
+        if self.inner.dispatched.get() < self.inner.log.written() {
+            self.wait_dispatched().await;
+        }
+        n
     }
 
     /// The store's delay levels (`ScheduleConfig::message_delay_level`).

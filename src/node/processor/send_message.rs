@@ -47,8 +47,16 @@ fn put_code(status: PutStatus) -> (i32, Option<String>) {
             MESSAGE_ILLEGAL,
             Some(
                 "timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, \
-                 __STARTDELIVERTIME in the future) are not supported by this broker yet \
-                 (timer_enable is off); nothing was stored"
+                 __STARTDELIVERTIME in the future) are switched off on this broker \
+                 (timer_enable = false); nothing was stored"
+                    .into(),
+            ),
+        ),
+        PutStatus::MessageIllegal(IllegalReason::TimerTooFar) => (
+            MESSAGE_ILLEGAL,
+            Some(
+                "the timed message's delivery time is further ahead than this broker's \
+                 timer_max_delay_sec; nothing was stored"
                     .into(),
             ),
         ),
