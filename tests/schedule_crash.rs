@@ -1,6 +1,6 @@
-//! Delayed delivery across crashes: every delayed message delivered exactly once,
-//! none early, whatever moment a `kill -9` (this file) or a power loss
-//! (`tests/schedule_power.rs`) picks. Lateness is reported.
+//! Delayed and timed delivery across crashes: every delayed or timed message delivered
+//! exactly once, none early, whatever moment a `kill -9` (this file) or a power loss
+//! (`tests/schedule_power.rs`, delay levels) picks. Lateness is reported.
 //!
 //! Every cycle:
 //! 1. A child (this test binary as `schedule_crash_child`, active only with
@@ -8,17 +8,22 @@
 //!    (100 ms .. 1.5 s) and delivery on, in sync-flush mode on even cycles, async on
 //!    odd ones, and puts delayed messages from three threads through the handle and
 //!    from a task on shard 0 straight into its own store for queues other shards own
-//!    (so deliveries cross shards). After each stored put it appends the message's
+//!    (so deliveries cross shards). One put in three is a timed message instead
+//!    (`TIMER_DELAY_MS` 50..1500 ms, or `TIMER_DELIVER_MS`), with the timer's memory
+//!    capped at 32 entries a shard so that most wait in its runs on disk, and a crash
+//!    lands in spills, merges and manifest saves too. After each stored put it appends the message's
 //!    key to its ack log (one `write(2)`, so a kill cuts at most the last line).
 //!    Deliveries run all the while: the kill lands in the middle of them.
 //! 2. The parent SIGKILLs the child at a seeded moment (sometimes while it opens).
 //! 3. The parent opens the store itself, lets every due message be delivered, and
 //!    checks, over everything the store holds:
-//!    * every record in a schedule queue (any shard, any level) was delivered exactly
-//!      once: one record in the real queues carries its position, with its key;
+//!    * every record in a schedule queue (any shard, any level) or timer queue was
+//!      delivered exactly once: one record in the real queues carries its position,
+//!      with its key;
 //!    * no delivered record names a position that holds no scheduled record;
 //!    * no delivery came before its time (store time of the delivered record >= store
-//!      time of the scheduled one + the level's delay);
+//!      time of the scheduled one + the level's delay; for a timed one, >= its due
+//!      time, `TIMER_OUT_MS` or its store time if later);
 //!    * every put the child saw stored in sync-flush mode is among the scheduled
 //!      records (an async put a kill took may be missing: that is the flush mode's
 //!      contract, not delivery's);
@@ -37,7 +42,7 @@
 mod child;
 
 use child::*;
-use coremq::format::schedule::{POSITION, Position, SCHEDULE_TOPIC};
+use coremq::format::schedule::{POSITION, Position, SCHEDULE_TOPIC, TIMER_LANE, TIMER_TOPIC};
 use coremq::prelude::*;
 use futures_lite::future::block_on;
 use std::collections::{BTreeMap, BTreeSet};
@@ -67,7 +72,26 @@ fn config(root: &Path, sync: bool) -> ShardedConfig {
         FlushMode::Async
     };
     cfg.store.schedule.message_delay_level = LEVELS.into();
+    cfg.store.schedule.timer_memory_entries = 32;
     cfg
+}
+
+/// A delayed message one time in three, a timed one otherwise.
+fn scheduled_msg(key: &str, topic: &str, q: i32, rng: &mut Rng) -> Message {
+    match rng.range(0, 2) {
+        0 => delayed(key, topic, q, rng.range(1, 4) as i32),
+        1 => Message::new(topic, q, format!("body of {key}"))
+            .with_keys(key)
+            .with_property("UNIQ_KEY", key)
+            .with_property("TIMER_DELAY_MS", rng.range(50, 1500).to_string()),
+        _ => Message::new(topic, q, format!("body of {key}"))
+            .with_keys(key)
+            .with_property("UNIQ_KEY", key)
+            .with_property(
+                "TIMER_DELIVER_MS",
+                (coremq::now_ms() + rng.range(50, 1500) as i64).to_string(),
+            ),
+    }
 }
 
 fn delayed(key: &str, topic: &str, q: i32, level: i32) -> Message {
@@ -109,8 +133,7 @@ fn schedule_crash_child() {
                 let key = format!("c{cycle}-t{t}-{i}");
                 let topic = TOPICS[rng.range(0, 1) as usize];
                 let q = rng.range(0, QUEUES as u64 - 1) as i32;
-                let level = rng.range(1, 4) as i32;
-                let r = block_on(h.put(delayed(&key, topic, q, level)));
+                let r = block_on(h.put(scheduled_msg(&key, topic, q, &mut rng)));
                 if r.status.is_stored() {
                     ack(&key);
                 }
@@ -130,8 +153,8 @@ fn schedule_crash_child() {
         for i in 0.. {
             let key = format!("c{cycle}-x-{i}");
             let (topic, q) = foreign[rng.range(0, foreign.len() as u64 - 1) as usize];
-            let level = rng.range(1, 4) as i32;
-            let r = ctx.store.put(delayed(&key, topic, q, level)).await;
+            let m = scheduled_msg(&key, topic, q, &mut rng);
+            let r = ctx.store.put(m).await;
             if r.status.is_stored() {
                 ack0(&key);
             }
@@ -165,8 +188,9 @@ struct Tally {
 fn verify(root: &Path, acked_sync: &BTreeSet<String>, problems: &mut Vec<String>) -> Tally {
     let store = ShardedStore::open(config(root, true)).expect("reopen");
     let h = store.handle();
-    // Every scheduled record: (shard, level, offset) -> (key, due).
-    let mut scheduled: BTreeMap<(u32, u32, u64), (String, i64)> = BTreeMap::new();
+    // Every scheduled record: its position (shard, level, offset, 0) or (shard, timer
+    // lane, due, offset) -> (key, due).
+    let mut scheduled: BTreeMap<Pos, (String, i64)> = BTreeMap::new();
     for shard in 0..SHARDS {
         for level in 1..=DELAYS_MS.len() as i32 {
             let got = block_on(h.run_at(shard, &(), async move |s, _| {
@@ -190,8 +214,32 @@ fn verify(root: &Path, acked_sync: &BTreeSet<String>, problems: &mut Vec<String>
             for m in got {
                 let due = m.store_timestamp_ms + DELAYS_MS[level as usize - 1];
                 let key = m.property("UNIQ_KEY").unwrap().to_string();
-                scheduled.insert((shard as u32, level as u32, m.queue_offset), (key, due));
+                scheduled.insert((shard as u32, level as u32, m.queue_offset, 0), (key, due));
             }
+        }
+        let timed = block_on(h.run_at(shard, &(), async move |s, _| {
+            let mut out = Vec::new();
+            let mut off = s.min_queue_offset(TIMER_TOPIC, 0);
+            loop {
+                let r = s.get(TIMER_TOPIC, 0, off, 32, 1 << 20).await.unwrap();
+                if r.status != GetStatus::Found {
+                    return out;
+                }
+                for raw in &r.records {
+                    out.push(StoredMessage::decode(raw).unwrap());
+                }
+                off = r.next_begin_offset;
+            }
+        }))
+        .unwrap();
+        for m in timed {
+            let out: i64 = m.property("TIMER_OUT_MS").unwrap().parse().unwrap();
+            let due = out.max(m.store_timestamp_ms);
+            let key = m.property("UNIQ_KEY").unwrap().to_string();
+            scheduled.insert(
+                (shard as u32, TIMER_LANE, due as u64, m.queue_offset),
+                (key, due),
+            );
         }
     }
     // Wait until every lane has delivered its whole queue.
@@ -264,9 +312,12 @@ fn verify(root: &Path, acked_sync: &BTreeSet<String>, problems: &mut Vec<String>
     t
 }
 
+/// A delivery position: (shard, lane, hi, lo).
+type Pos = (u32, u32, u64, u64);
+
 /// position -> every delivered copy: (key, store time).
-fn read_delivered(h: &Handle) -> BTreeMap<(u32, u32, u64), Vec<(String, i64)>> {
-    let mut out: BTreeMap<(u32, u32, u64), Vec<(String, i64)>> = BTreeMap::new();
+fn read_delivered(h: &Handle) -> BTreeMap<Pos, Vec<(String, i64)>> {
+    let mut out: BTreeMap<Pos, Vec<(String, i64)>> = BTreeMap::new();
     for topic in TOPICS {
         for q in 0..QUEUES {
             let mut off = 0;
@@ -280,7 +331,7 @@ fn read_delivered(h: &Handle) -> BTreeMap<(u32, u32, u64), Vec<(String, i64)>> {
                     let p = Position::parse(m.property(POSITION).expect("a delivered record"))
                         .expect("a valid position");
                     let key = m.property("UNIQ_KEY").unwrap().to_string();
-                    out.entry((p.shard, p.lane, p.hi))
+                    out.entry((p.shard, p.lane, p.hi, p.lo))
                         .or_default()
                         .push((key, m.store_timestamp_ms));
                 }

@@ -28,6 +28,11 @@
 //! RocketMQ 5's timer is at-least-once: its checkpoint is written every second or so
 //! and a crash repeats what was delivered since.
 //!
+//! A timer-queue entry RocketMQ wrote carries a tags hash (below `2^31`, never a due
+//! time in epoch ms): its due time is read from the record. RocketMQ 5 keeps its own
+//! timer progress in `timerlog/` and `config/timercheck`, which coremq does not read: on
+//! a RocketMQ store, timed messages RocketMQ delivered already are delivered again.
+//!
 //! **Restart** rebuilds the pending set from the manifest's runs plus the timer queue
 //! read again from the manifest's scan offset, skipping keys at or below the resume
 //! point. A save (manifest) happens at most every [`SAVE_EVERY`], after every delivery
@@ -48,7 +53,7 @@
 mod pending;
 mod runs;
 
-use crate::format::schedule::{Position, TIMER_LANE, TIMER_TOPIC};
+use crate::format::schedule::{Position, TIMER_LANE, TIMER_OUT_MS, TIMER_TOPIC, timer_tags_code};
 use crate::schedule::{Deliverer, Host, Outcome, Stop, newest_anywhere, read_scheduled};
 use pending::{Pending, memory_bound};
 use runs::Entry;
@@ -181,9 +186,27 @@ impl<H: Host> Timer<H> {
             .queue_entries(TIMER_TOPIC, 0, self.scan, BATCH)
             .await?;
         for (i, c) in entries.iter().enumerate() {
+            let offset = self.scan + i as u64;
+            let due = if c.tags_code > i32::MAX as i64 {
+                c.tags_code
+            } else {
+                // RocketMQ wrote this entry (its tagsCode is a tags hash): the due time
+                // comes from the record.
+                match read_scheduled(store, c.phys_offset as u64).await {
+                    Ok(r) => timer_tags_code(r.property(TIMER_OUT_MS), r.store_timestamp_ms)
+                        .unwrap_or(r.store_timestamp_ms),
+                    Err(Outcome::Retry(why)) => {
+                        return Err(crate::Error::Failed(format!("timer: {why}")));
+                    }
+                    Err(_) => {
+                        tracing::error!(offset, "timer: no readable record; skipped");
+                        continue;
+                    }
+                }
+            };
             let e = Entry {
-                due: c.tags_code,
-                offset: self.scan + i as u64,
+                due,
+                offset,
                 phys: c.phys_offset as u64,
             };
             if self.last.is_some_and(|l| (e.due, e.offset) <= l) {

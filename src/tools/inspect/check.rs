@@ -16,7 +16,8 @@
 //! records removed by retention and are skipped; records of a topic deleted
 //! (coremq's `config/deleted-topics`) below where it was deleted need no entry; tags codes of `SCHEDULE_TOPIC_XXXX`
 //! (delivery times) and ConsumeQueueExt addresses (below `i32::MIN`) are not compared
-//! with tag hashes; prepared and rolled-back transaction records have no entry; with
+//! with tag hashes; those of `rmq_sys_wheel_timer` above `i32::MAX` (coremq's due
+//! times) are compared with the record's due time; prepared and rolled-back transaction records have no entry; with
 //! a RocketMQ checkpoint (no coremq section) the dispatch point is its
 //! logicsMsgTimestamp. LMQ multi-dispatch queues are not understood and will be
 //! reported as mismatches.
@@ -29,6 +30,7 @@ use crate::format::checkpoint::Checkpoint;
 use crate::format::deleted_topics::DeletedTopics;
 use crate::format::java::tags_code;
 use crate::format::record::{self, Decoded, RecordView};
+use crate::format::schedule::{TIMER_OUT_MS, TIMER_TOPIC, timer_tags_code};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::path::Path;
@@ -235,7 +237,19 @@ fn check_entry(log: &LogFiles, topic: &str, qid: i32, e: &QueueEntry) -> Option<
     if r.queue_offset != e.queue_offset as i64 {
         bad.push(format!("record has queue offset {}", r.queue_offset));
     }
-    let tags_checked = topic != SCHEDULE_TOPIC && e.tags_code >= i32::MIN as i64;
+    // The timer queue's tags codes are due times when coremq wrote them (above any
+    // tags hash), tags hashes when RocketMQ did.
+    let due = (topic == TIMER_TOPIC && e.tags_code > i32::MAX as i64)
+        .then(|| timer_tags_code(r.property(TIMER_OUT_MS), r.store_timestamp));
+    if let Some(due) = due
+        && due != Some(e.tags_code)
+    {
+        bad.push(format!(
+            "tags code {} but the record is due at {due:?} (TIMER_OUT_MS or its store time)",
+            e.tags_code
+        ));
+    }
+    let tags_checked = topic != SCHEDULE_TOPIC && due.is_none() && e.tags_code >= i32::MIN as i64;
     if tags_checked && tags_code(r.tags()) != e.tags_code {
         bad.push(format!(
             "tags code {} but the record's tags hash to {}",
