@@ -54,9 +54,12 @@ mod pending;
 mod runs;
 
 use crate::format::schedule::{Position, TIMER_LANE, TIMER_OUT_MS, TIMER_TOPIC, timer_tags_code};
+use crate::message::StoredMessage;
 use crate::schedule::{Deliverer, Host, Outcome, Stop, newest_anywhere, read_scheduled};
+use crate::wake::join_all;
 use pending::{Pending, memory_bound};
 use runs::Entry;
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +75,8 @@ const RETRY_AFTER: Duration = Duration::from_millis(100);
 const READ_FAILED_WAIT: Duration = Duration::from_secs(10);
 /// Queue entries read at a time.
 const BATCH: usize = 1024;
+/// Due messages whose records are read together before they go out.
+const READ_AHEAD: usize = 32;
 /// Deliveries between looks at the queue (so that newly arrived messages are read
 /// and the manifest is saved during a long backlog).
 const DELIVER_RUN: usize = 4096;
@@ -99,6 +104,9 @@ struct Timer<H: Host> {
     /// Entries that arrived with a key at or below `last` (only after a backwards
     /// jump of the clock across a restart): delivered at once, out of order.
     late: Vec<Entry>,
+    /// Due messages taken from the pending set, in key order, with their records
+    /// (`None`: to be read again).
+    ready: VecDeque<(Entry, Option<Result<StoredMessage, Outcome>>)>,
     deliverer: Deliverer<H>,
     last_save: Instant,
 }
@@ -138,6 +146,7 @@ async fn run<H: Host>(host: H, stop: Rc<Stop>) {
         scan: scan.max(store.min_queue_offset(TIMER_TOPIC, 0)),
         last,
         late: Vec::new(),
+        ready: VecDeque::new(),
         last_save: Instant::now(),
     };
     // The queue read again from the manifest's scan offset: keys at or below `last`
@@ -245,8 +254,9 @@ impl<H: Host> Timer<H> {
         let scan = self
             .pending
             .memory_min_offset()
-            .unwrap_or(self.scan)
-            .min(self.scan);
+            .into_iter()
+            .chain(self.ready.iter().map(|(e, _)| e.offset))
+            .fold(self.scan, u64::min);
         if !self.pending.needs_save(scan) {
             return Ok(());
         }
@@ -272,8 +282,8 @@ impl<H: Host> Timer<H> {
         let store = self.host.store().clone();
         self.read_all(stop).await?;
         while let Some(&e) = self.late.first() {
-            let pos = self.position(e);
-            if !self.deliver_one(e, pos, stop).await {
+            let record = read_scheduled(&store, e.phys).await;
+            if self.deliver_one(e, &record, stop).await.is_err() {
                 return Ok(());
             }
             self.late.remove(0);
@@ -288,6 +298,10 @@ impl<H: Host> Timer<H> {
             self.pending.pop().await?;
         }
         let now = crate::now_ms();
+        if let Some(&(e, _)) = self.ready.front() {
+            // Taken under an earlier horizon; still first in key order.
+            return self.deliver_due(e.due + 1, stop).await;
+        }
         match self.pending.peek() {
             Some(first) if first.due < now => {
                 // Everything due before `horizon` is in the queue now (module docs).
@@ -331,37 +345,74 @@ impl<H: Host> Timer<H> {
         }
     }
 
-    /// Delivers, in key order, the pending messages due before `horizon`.
+    /// Delivers, in key order, the pending messages due before `horizon`: up to
+    /// [`READ_AHEAD`] at a time leave the pending set for `ready`, their records read
+    /// together, then go out one by one.
     async fn deliver_due(&mut self, horizon: i64, stop: &Stop) -> crate::Result<()> {
-        for _ in 0..DELIVER_RUN {
-            if stop.is_stopped() {
-                return Ok(());
+        let mut budget = DELIVER_RUN;
+        while budget > 0 && !stop.is_stopped() {
+            if self.ready.is_empty() {
+                self.take_ready(horizon).await?;
+                if self.ready.is_empty() {
+                    return Ok(());
+                }
             }
-            let Some(e) = self.pending.peek() else {
-                return Ok(());
-            };
-            if self.last.is_some_and(|l| (e.due, e.offset) <= l) {
-                self.pending.pop().await?;
-                continue;
+            while let Some((e, record)) = self.ready.pop_front() {
+                let record = match record {
+                    Some(r) => r,
+                    None => read_scheduled(self.host.store(), e.phys).await,
+                };
+                match self.deliver_one(e, &record, stop).await {
+                    Ok(()) => budget = budget.saturating_sub(1),
+                    Err(read_again) => {
+                        let keep = (!read_again).then_some(record);
+                        self.ready.push_front((e, keep));
+                        return Ok(());
+                    }
+                }
             }
-            if e.due >= horizon {
-                return Ok(());
-            }
-            let pos = self.position(e);
-            if !self.deliver_one(e, pos, stop).await {
-                return Ok(());
-            }
-            self.pending.pop().await?;
         }
         Ok(())
     }
 
-    /// Delivers one message; `false` when it must be tried again (after a pause).
-    async fn deliver_one(&mut self, e: Entry, pos: Position, stop: &Stop) -> bool {
+    /// Moves the next messages due before `horizon` (at most [`READ_AHEAD`]) to
+    /// `ready`, with their records.
+    async fn take_ready(&mut self, horizon: i64) -> crate::Result<()> {
+        let mut take = Vec::new();
+        while take.len() < READ_AHEAD
+            && let Some(e) = self.pending.peek()
+            && e.due < horizon
+        {
+            self.pending.pop().await?;
+            if self.last.is_some_and(|l| (e.due, e.offset) <= l)
+                || take
+                    .last()
+                    .is_some_and(|t: &Entry| (t.due, t.offset) == (e.due, e.offset))
+            {
+                continue;
+            }
+            take.push(e);
+        }
         let store = self.host.store();
-        let outcome = match read_scheduled(store, e.phys).await {
-            Ok(r) => self.deliverer.deliver(&r, pos).await,
-            Err(o) => o,
+        let reads = take.iter().map(|e| read_scheduled(store, e.phys)).collect();
+        let records = join_all(reads).await;
+        self.ready
+            .extend(take.into_iter().zip(records).map(|(e, r)| (e, Some(r))));
+        Ok(())
+    }
+
+    /// Delivers one message (its record read, or why not). `Err` when it must be tried
+    /// again after a pause: `true` when its record must be read again.
+    async fn deliver_one(
+        &mut self,
+        e: Entry,
+        record: &Result<StoredMessage, Outcome>,
+        stop: &Stop,
+    ) -> Result<(), bool> {
+        let pos = self.position(e);
+        let outcome = match record {
+            Ok(r) => self.deliverer.deliver(r, pos).await,
+            Err(o) => o.clone(),
         };
         match outcome {
             Outcome::Delivered => {}
@@ -378,11 +429,11 @@ impl<H: Host> Timer<H> {
                     "timer: delivery refused; trying again"
                 );
                 stop.sleep(RETRY_AFTER).await;
-                return false;
+                return Err(record.is_err());
             }
         }
         let key = (e.due, e.offset);
         self.last = Some(self.last.map_or(key, |l| l.max(key)));
-        true
+        Ok(())
     }
 }
