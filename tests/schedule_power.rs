@@ -1,10 +1,12 @@
-//! Delayed delivery across power losses, on the simulated disk (`coremq::io::sim`):
-//! a store in async-flush mode (the mode where a power loss takes the most) puts
-//! delayed messages while it delivers others; at a seeded moment the disk "loses
+//! Delayed and timed delivery across power losses, on the simulated disk
+//! (`coremq::io::sim`): a store in async-flush mode (the mode where a power loss takes
+//! the most) puts delayed messages (levels 1-2) and timed ones (`TIMER_DELAY_MS` 20..300,
+//! the timer's memory capped at 4 so its runs and manifest are on the simulated disk
+//! too) while it delivers others; at a seeded moment the disk "loses
 //! power" (`SimDisk::crash_image`: every unsynced sector old or new, every unsynced
 //! directory entry kept or lost); the image is opened (for some seeds losing power
 //! again while it opens), every due message is let go, and then:
-//! * every record in a schedule queue is delivered exactly once (one record in the
+//! * every record in a schedule or timer queue is delivered exactly once (one record in the
 //!   real queues carries its position, with its key), none before its time;
 //! * no delivery names a position without a scheduled record (a delivery whose
 //!   scheduled record the power loss took would show here).
@@ -14,7 +16,7 @@
 //! cross shards. `COREMQ_SCHED_POWER_SEEDS=<n>` (default 6 each), `COREMQ_SIM_SEED=<s>`
 //! replays one seed.
 mod common;
-use coremq::format::schedule::{POSITION, Position, SCHEDULE_TOPIC};
+use coremq::format::schedule::{POSITION, Position, SCHEDULE_TOPIC, TIMER_LANE, TIMER_TOPIC};
 use coremq::io::{Disk, SimDisk};
 use coremq::prelude::*;
 use coremq::schedule;
@@ -38,6 +40,7 @@ fn cfg(root: &std::path::Path, disk: &Arc<SimDisk>) -> StoreConfig {
     c.flush_thorough_interval = Duration::from_millis(200);
     c.consume_queue_flush_interval = Duration::from_millis(80);
     c.schedule.message_delay_level = LEVELS.into();
+    c.schedule.timer_memory_entries = 4;
     c.disk_space_check = false;
     c
 }
@@ -53,16 +56,26 @@ fn seeds() -> Vec<u64> {
     (0..n).map(|i| 0x5C4E_D000 + i).collect()
 }
 
+/// Levels 1 and 2 are delay levels; "level" 3 is a timed message due 20..300 ms after
+/// the put (the spread taken from the key, so due order differs from put order).
 fn delayed(key: &str, q: i32, level: i32) -> Message {
-    Message::new(TOPIC, q, format!("body {key}"))
-        .with_property("UNIQ_KEY", key)
-        .with_property("DELAY", level.to_string())
+    let m = Message::new(TOPIC, q, format!("body {key}")).with_property("UNIQ_KEY", key);
+    if level == 3 {
+        let spread = key
+            .bytes()
+            .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+        m.with_property("TIMER_DELAY_MS", (20 + spread % 280).to_string())
+    } else {
+        m.with_property("DELAY", level.to_string())
+    }
 }
 
-/// Scheduled records of one store: (shard, level, offset) -> (key, due).
-type Scheduled = BTreeMap<(u32, u32, u64), (String, i64)>;
+/// A delivery position: (shard, level, offset, 0) or (shard, timer lane, due, offset).
+type Pos = (u32, u32, u64, u64);
+/// Scheduled records of one store: position -> (key, due).
+type Scheduled = BTreeMap<Pos, (String, i64)>;
 /// Delivered copies: position -> [(key, store time)].
-type Delivered = BTreeMap<(u32, u32, u64), Vec<(String, i64)>>;
+type Delivered = BTreeMap<Pos, Vec<(String, i64)>>;
 
 async fn scheduled_of(store: &Store) -> Scheduled {
     let mut out = Scheduled::new();
@@ -81,12 +94,30 @@ async fn scheduled_of(store: &Store) -> Scheduled {
                 let due = m.store_timestamp_ms + DELAYS_MS[level as usize - 1];
                 let key = m.property("UNIQ_KEY").unwrap().to_string();
                 out.insert(
-                    (store.shard_index(), level as u32, m.queue_offset),
+                    (store.shard_index(), level as u32, m.queue_offset, 0),
                     (key, due),
                 );
             }
             off = r.next_begin_offset;
         }
+    }
+    let mut off = store.min_queue_offset(TIMER_TOPIC, 0);
+    loop {
+        let r = store.get(TIMER_TOPIC, 0, off, 32, 1 << 20).await.unwrap();
+        if r.status != GetStatus::Found {
+            break;
+        }
+        for raw in &r.records {
+            let m = StoredMessage::decode(raw).unwrap();
+            let at: i64 = m.property("TIMER_OUT_MS").unwrap().parse().unwrap();
+            let due = at.max(m.store_timestamp_ms);
+            let key = m.property("UNIQ_KEY").unwrap().to_string();
+            out.insert(
+                (store.shard_index(), TIMER_LANE, due as u64, m.queue_offset),
+                (key, due),
+            );
+        }
+        off = r.next_begin_offset;
     }
     out
 }
@@ -103,7 +134,7 @@ async fn delivered_of(store: &Store, out: &mut Delivered) {
                 let m = StoredMessage::decode(raw).unwrap();
                 let p = Position::parse(m.property(POSITION).unwrap()).unwrap();
                 let key = m.property("UNIQ_KEY").unwrap().to_string();
-                out.entry((p.shard, p.lane, p.hi))
+                out.entry((p.shard, p.lane, p.hi, p.lo))
                     .or_default()
                     .push((key, m.store_timestamp_ms));
             }
