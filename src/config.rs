@@ -192,6 +192,10 @@ pub struct ScheduleConfig {
     /// in sorted runs on disk (`crate::timer`). Memory per shard stays under this x 24
     /// bytes + 1 MiB however many are pending. Default 262,144 (about 7 MiB).
     pub timer_memory_entries: usize,
+    /// How often the timer saves its manifest while something changed (each save
+    /// flushes the shard's log first): how much of the timer queue a restart reads
+    /// again. Default 10 s.
+    pub timer_save_interval: Duration,
     /// Furthest delivery time accepted (RocketMQ 5 `timerMaxDelaySec`: 3 days).
     pub timer_max_delay: Duration,
     /// Called with (topic, queue id) when a delivered message is dispatched into its
@@ -222,6 +226,7 @@ impl Default for ScheduleConfig {
             timer_enable: true,
             timer_max_delay: Duration::from_secs(3 * 86_400),
             timer_memory_entries: 262_144,
+            timer_save_interval: Duration::from_secs(10),
             on_delivered: None,
         }
     }
@@ -236,6 +241,9 @@ impl ScheduleConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.levels()?;
+        if self.timer_save_interval.is_zero() {
+            return Err(Error::Config("timer_save_interval must be positive".into()));
+        }
         if !(2..=1 << 28).contains(&self.timer_memory_entries) {
             return Err(Error::Config(format!(
                 "timer_memory_entries {} must be within [2, 2^28]",

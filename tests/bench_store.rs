@@ -114,3 +114,48 @@ fn tiny_replication_bench_runs() {
         "the slave's directory is removed"
     );
 }
+
+/// Scenario 9 tiny, so it cannot rot: `--mode timer` on a fresh store puts plain and
+/// timed messages, and every timed one is delivered once, none early; a second run on
+/// the same directory is refused (the mode needs a fresh store).
+#[test]
+fn tiny_timer_bench_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = loadgen::LoadConfig {
+        label: "bench_store timer".into(),
+        mode: loadgen::Mode::Timer,
+        data_dir: Some(dir.path().join("store")),
+        shards: Some(SHARDS as u32),
+        queues: QUEUES as u32,
+        outstanding: 8,
+        body: loadgen::BodySize::fixed(64),
+        timed: 2000,
+        spread_secs: 1,
+        lead_secs: Some(2),
+        quiet: true,
+        json: Some(dir.path().join("timer.json")),
+        ..loadgen::LoadConfig::default()
+    };
+    assert!(loadgen::run_mode(&cfg).expect("timer mode runs"));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("timer.json")).unwrap()).unwrap();
+    let d = &v["delivery"];
+    assert_eq!(d["delivered"], 2000, "{v}");
+    assert_eq!(
+        (
+            d["missing"].as_u64(),
+            d["duplicates"].as_u64(),
+            d["early"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0)),
+        "{v}"
+    );
+    assert_eq!(v["plain"]["messages"], 1000, "{v}");
+    assert!(
+        v["memory"]["after_timed_puts"]["rss_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(loadgen::run_mode(&cfg).is_err(), "a kept store is refused");
+}

@@ -73,6 +73,7 @@ fn config(root: &Path, sync: bool) -> ShardedConfig {
     };
     cfg.store.schedule.message_delay_level = LEVELS.into();
     cfg.store.schedule.timer_memory_entries = 32;
+    cfg.store.schedule.timer_save_interval = Duration::from_millis(100);
     cfg
 }
 

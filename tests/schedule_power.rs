@@ -41,6 +41,8 @@ fn cfg(root: &std::path::Path, disk: &Arc<SimDisk>) -> StoreConfig {
     c.consume_queue_flush_interval = Duration::from_millis(80);
     c.schedule.message_delay_level = LEVELS.into();
     c.schedule.timer_memory_entries = 4;
+    // Saves (manifest, run removal) happen while the power goes.
+    c.schedule.timer_save_interval = Duration::from_millis(30);
     c.disk_space_check = false;
     c
 }

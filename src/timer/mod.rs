@@ -35,9 +35,10 @@
 //!
 //! **Restart** rebuilds the pending set from the manifest's runs plus the timer queue
 //! read again from the manifest's scan offset, skipping keys at or below the resume
-//! point. A save (manifest) happens at most every [`SAVE_EVERY`], after every delivery
-//! so far is made durable, so nothing leaves the manifest's cover before the log holds
-//! its delivery.
+//! point. A save (manifest) happens every `ScheduleConfig::timer_save_interval` (10 s)
+//! while something changed, after every delivery so far and this shard's log are made
+//! durable: nothing leaves the manifest's cover before the log holds its delivery, and
+//! the manifest never covers a queue entry a power loss can take.
 //!
 //! **Time.** A message is never delivered before its due time (its delivered record's
 //! store timestamp is later); normally within a millisecond or two of it. Timer
@@ -67,8 +68,6 @@ use std::time::{Duration, Instant};
 pub const TIMER_DIR: &str = "coremq_timer";
 /// The longest sleep towards a due time.
 const DUE_WAIT_MAX: Duration = Duration::from_secs(1);
-/// How often the manifest is saved while something changed.
-const SAVE_EVERY: Duration = Duration::from_secs(10);
 /// After a refused put, the same message is tried again this much later.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// After a failed read of the queue, a run or the manifest.
@@ -109,6 +108,7 @@ struct Timer<H: Host> {
     ready: VecDeque<(Entry, Option<Result<StoredMessage, Outcome>>)>,
     deliverer: Deliverer<H>,
     last_save: Instant,
+    save_every: Duration,
 }
 
 async fn run<H: Host>(host: H, stop: Rc<Stop>) {
@@ -139,6 +139,21 @@ async fn run<H: Host>(host: H, stop: Rc<Stop>) {
             }
         }
     };
+    let max = store.max_queue_offset(TIMER_TOPIC, 0);
+    let (mut pending, mut scan) = (pending, scan);
+    let cleared = scan > max;
+    if cleared {
+        // Cannot happen while saves flush first; if it does, the runs may describe
+        // records the log no longer holds.
+        tracing::error!(
+            scan,
+            max,
+            "timer: its manifest covers more of the timer queue than the store holds; \
+             dropping its runs and reading the whole queue again"
+        );
+        pending.clear();
+        scan = 0;
+    }
     let mut t = Timer {
         deliverer: Deliverer::new(host.clone()),
         host,
@@ -148,7 +163,11 @@ async fn run<H: Host>(host: H, stop: Rc<Stop>) {
         late: Vec::new(),
         ready: VecDeque::new(),
         last_save: Instant::now(),
+        save_every: cfg.schedule.timer_save_interval,
     };
+    if cleared && let Err(e) = t.save().await {
+        tracing::error!(error = %e, "timer: cannot save its emptied manifest");
+    }
     // The queue read again from the manifest's scan offset: keys at or below `last`
     // were delivered (they are no late arrivals).
     while t.scan < store.max_queue_offset(TIMER_TOPIC, 0) {
@@ -184,6 +203,19 @@ async fn run<H: Host>(host: H, stop: Rc<Stop>) {
     {
         tracing::warn!(error = %e, "timer: final save failed");
     }
+}
+
+/// The timer-queue record of `e`; skipped when the log holds another record there (a
+/// run or manifest that outlived what it described).
+async fn read_entry(store: &crate::Store, e: Entry) -> Result<StoredMessage, Outcome> {
+    let r = read_scheduled(store, e.phys).await?;
+    if r.topic != TIMER_TOPIC || r.queue_offset != e.offset {
+        return Err(Outcome::Skipped(format!(
+            "the record at {} is {}/{} offset {}, not timer entry {}",
+            e.phys, r.topic, r.queue_id, r.queue_offset, e.offset
+        )));
+    }
+    Ok(r)
 }
 
 impl<H: Host> Timer<H> {
@@ -264,6 +296,10 @@ impl<H: Host> Timer<H> {
             .settle()
             .await
             .map_err(|why| crate::Error::Failed(format!("timer: before a save: {why}")))?;
+        // The entries below `scan`, and those in runs, must outlive a power loss: in
+        // async flush mode they may be dispatched before they are durable, and a log
+        // that lost them would give their queue offsets to other messages.
+        self.host.store().flush().await?;
         self.pending.save(scan).await?;
         self.last_save = Instant::now();
         tracing::debug!(
@@ -282,13 +318,13 @@ impl<H: Host> Timer<H> {
         let store = self.host.store().clone();
         self.read_all(stop).await?;
         while let Some(&e) = self.late.first() {
-            let record = read_scheduled(&store, e.phys).await;
+            let record = read_entry(&store, e).await;
             if self.deliver_one(e, &record, stop).await.is_err() {
                 return Ok(());
             }
             self.late.remove(0);
         }
-        if self.last_save.elapsed() >= SAVE_EVERY {
+        if self.last_save.elapsed() >= self.save_every {
             self.save().await?;
         }
         // Drop keys already delivered (a run read again after a restart).
@@ -311,7 +347,7 @@ impl<H: Host> Timer<H> {
             }
             first => {
                 let save_in = if self.pending.needs_save(self.scan) {
-                    SAVE_EVERY.saturating_sub(self.last_save.elapsed())
+                    self.save_every.saturating_sub(self.last_save.elapsed())
                 } else {
                     Duration::MAX
                 };
@@ -360,7 +396,7 @@ impl<H: Host> Timer<H> {
             while let Some((e, record)) = self.ready.pop_front() {
                 let record = match record {
                     Some(r) => r,
-                    None => read_scheduled(self.host.store(), e.phys).await,
+                    None => read_entry(self.host.store(), e).await,
                 };
                 match self.deliver_one(e, &record, stop).await {
                     Ok(()) => budget = budget.saturating_sub(1),
@@ -394,7 +430,7 @@ impl<H: Host> Timer<H> {
             take.push(e);
         }
         let store = self.host.store();
-        let reads = take.iter().map(|e| read_scheduled(store, e.phys)).collect();
+        let reads = take.iter().map(|e| read_entry(store, *e)).collect();
         let records = join_all(reads).await;
         self.ready
             .extend(take.into_iter().zip(records).map(|(e, r)| (e, Some(r))));

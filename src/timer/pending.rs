@@ -185,15 +185,12 @@ impl Pending {
         let mut w = self.writer().await?;
         let mut old = std::mem::take(&mut self.runs);
         tracing::debug!(runs = old.len(), "timer: merging runs");
-        loop {
-            let Some((i, _)) = old
-                .iter()
-                .enumerate()
-                .filter_map(|(i, r)| r.head().map(|h| (i, h)))
-                .min_by_key(|(_, h)| *h)
-            else {
-                break;
-            };
+        while let Some((i, _)) = old
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.head().map(|h| (i, h)))
+            .min_by_key(|(_, h)| *h)
+        {
             let e = old[i].pop().await?.expect("a head");
             w.push(e).await?;
         }
@@ -204,6 +201,13 @@ impl Pending {
     /// The smallest timer-queue offset held in memory.
     pub(crate) fn memory_min_offset(&self) -> Option<u64> {
         self.memory.iter().map(|r| r.0.offset).min()
+    }
+
+    /// Forgets every entry (runs go at the next save).
+    pub(crate) fn clear(&mut self) {
+        self.memory.clear();
+        self.dropped.extend(self.runs.drain(..).map(|r| r.id));
+        self.dirty = true;
     }
 
     /// Whether a save would write something new for `scan`.

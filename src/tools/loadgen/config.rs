@@ -104,6 +104,9 @@ pub enum Mode {
     /// Replicate a kept store to a new, empty slave over loopback and time the
     /// catch-up (scenario 8)
     Replicate,
+    /// On a fresh store: plain puts against timed puts, then --timed messages pending
+    /// at once (memory), then their delivery's lateness (scenario 9)
+    Timer,
 }
 
 impl Mode {
@@ -114,6 +117,7 @@ impl Mode {
             Mode::KeyQueries => "key-queries",
             Mode::Recover => "recover",
             Mode::Replicate => "replicate",
+            Mode::Timer => "timer",
         }
     }
 }
@@ -202,7 +206,8 @@ pub struct LoadConfig {
     /// the node answers in the format asked in)
     #[arg(long, value_enum, default_value_t = HeaderFormat::Json)]
     pub header_format: HeaderFormat,
-    /// What to do: produce, or work on the store a produce run kept in --data-dir
+    /// What to do: produce, work on the store a produce run kept in --data-dir, or
+    /// (timer) measure timed messages on a fresh store
     #[arg(long, value_enum, default_value_t = Mode::Produce)]
     pub mode: Mode,
     /// Messages per get in catch-up mode (the store caps gets at 1024)
@@ -262,6 +267,26 @@ pub struct LoadConfig {
     /// waits for the slave's acknowledgement (scenario 8)
     #[arg(long)]
     pub slave: bool,
+    /// Timer mode: timed messages put (all pending at once before the first is due)
+    #[arg(long, value_name = "N", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub timed: u64,
+    /// Timer mode: plain messages put first, and as many of the timed ones measured
+    /// against them [default: half of --timed]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub plain: Option<u64>,
+    /// Timer mode: delivery times spread uniformly at random over this many seconds
+    #[arg(long, value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub spread_secs: u64,
+    /// Timer mode: seconds from the end of the plain puts to the first delivery time
+    /// [default: four times the plain puts' time for --timed messages, plus 2 s]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub lead_secs: Option<u64>,
+    /// The store's `schedule.timer_memory_entries` (timed messages each shard's timer
+    /// keeps in memory, 24 bytes each); default: the store's (262,144)
+    #[arg(long, value_name = "N")]
+    pub timer_memory_entries: Option<usize>,
 }
 
 /// How the producers reach the store.
@@ -325,6 +350,9 @@ impl LoadConfig {
             c.commit_log_segment_bytes = mib << 20;
         }
         c.commit_log_spare_segments = self.spare_segments;
+        if let Some(n) = self.timer_memory_entries {
+            c.schedule.timer_memory_entries = n;
+        }
         if self.slave {
             c.ha.role = crate::HaRole::SyncMaster;
             c.ha.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));

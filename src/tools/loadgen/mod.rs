@@ -32,7 +32,9 @@
 //! `--kill-after-flush` makes a produce run SIGKILL itself once its log is flushed,
 //! leaving the abort files as `kill -9` does. `replica.rs` (scenario 8): `--slave` puts
 //! to a SYNC_MASTER with an in-process slave following it; `--mode replicate` times a
-//! new slave's catch-up on a kept store.
+//! new slave's catch-up on a kept store. `timer.rs` (`--mode timer`, scenario 9) starts
+//! from a fresh store: plain puts against timed ones, a million timed messages pending
+//! at once, and how late the timer delivers them.
 //!
 //! # What is measured (`report.rs`)
 //!
@@ -89,6 +91,7 @@ mod replica;
 mod report;
 mod run;
 mod svg;
+mod timer;
 
 pub use config::{BodySize, Flush, HeaderFormat, LoadConfig, Mode, SyncIo, Via};
 pub use measure::{allowed_cpus, now_ns};
@@ -129,16 +132,21 @@ pub fn run_mode(cfg: &LoadConfig) -> Result<bool, String> {
     if cfg.mode == Mode::Produce {
         return run_and_report(cfg).map(|r| r.ok());
     }
-    let dir = cfg
-        .data_dir
-        .clone()
-        .ok_or_else(|| format!("--mode {} needs --data-dir", cfg.mode.name()))?;
-    let shards = kept_shards(&dir)?;
-    if let Some(s) = cfg.shards
-        && s as usize != shards
-    {
-        return Err(format!("{} holds {shards} shards, not {s}", dir.display()));
-    }
+    let (dir, shards, _temp) = if cfg.mode == Mode::Timer {
+        fresh_dir(cfg)?
+    } else {
+        let dir = cfg
+            .data_dir
+            .clone()
+            .ok_or_else(|| format!("--mode {} needs --data-dir", cfg.mode.name()))?;
+        let shards = kept_shards(&dir)?;
+        if let Some(s) = cfg.shards
+            && s as usize != shards
+        {
+            return Err(format!("{} holds {shards} shards, not {s}", dir.display()));
+        }
+        (dir, shards, TempDir(None))
+    };
     let _ = now_ns();
     let load_before = measure::load_average();
     let (mut report, text, svg) = match cfg.mode {
@@ -147,6 +155,7 @@ pub fn run_mode(cfg: &LoadConfig) -> Result<bool, String> {
         Mode::KeyQueries => key_queries::run(cfg, &dir, shards)?,
         Mode::Recover => recover::run(cfg, &dir, shards)?,
         Mode::Replicate => replica::run(cfg, &dir, shards)?,
+        Mode::Timer => timer::run(cfg, &dir, shards)?,
     };
     let ok = report["ok"].as_bool().unwrap_or(false);
     let peak_rss = measure::process_usage().1;
@@ -182,6 +191,31 @@ pub fn run_mode(cfg: &LoadConfig) -> Result<bool, String> {
         std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(ok)
+}
+
+/// The directory and shard count of a mode that starts from a fresh store: `--data-dir`
+/// (which must hold no store yet) or a temporary directory, removed when the guard
+/// drops.
+fn fresh_dir(cfg: &LoadConfig) -> Result<(PathBuf, usize, TempDir), String> {
+    let shards = cfg.shard_count();
+    match &cfg.data_dir {
+        Some(d) if d.join("store.meta").exists() => Err(format!(
+            "--mode {} needs a fresh store; {} holds one",
+            cfg.mode.name(),
+            d.display()
+        )),
+        Some(d) => Ok((d.clone(), shards, TempDir(None))),
+        None => {
+            let d = std::env::current_dir()
+                .map_err(|e| format!("current directory: {e}"))?
+                .join(format!(
+                    "coremq-bench-{}-{}",
+                    std::process::id(),
+                    crate::now_ms()
+                ));
+            Ok((d.clone(), shards, TempDir(Some(d))))
+        }
+    }
 }
 
 /// The shard count recorded in `dir/store.meta` (`shards=<n>`, written by
