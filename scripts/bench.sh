@@ -17,6 +17,11 @@
 #   8    replication (issue 17): 8a a kept store replicated to a new, empty slave over
 #        loopback (catch-up rate against fio write); 8b sync flush with and without a
 #        SYNC_MASTER slave in the same run, 1 and 256 puts outstanding (put p50/p99);
+#   9    timed messages (RocketMQ 5's timer, `--mode timer`): plain puts against timed
+#        puts in the same run (msg/s, CPU per message), then a million timed messages
+#        pending at once (RSS next to the timer's memory bound), then their delivery
+#        over 60 s (--quick: 200,000 over 20 s): lateness p50/p99/p99.9/max, missing,
+#        duplicates, early;
 #   10   the node (issue 20): `coremq serve` on a fresh store driven through RocketMQ's
 #        protocol by `coremq bench --target` on the same machine: single 1 KiB sends
 #        (4 connections x 64 outstanding), batched sends (32 per SEND_BATCH_MESSAGE),
@@ -37,7 +42,7 @@
 set -euo pipefail
 
 quick=0
-only="1,2,3,4,5,6,7,8,10"
+only="1,2,3,4,5,6,7,8,9,10"
 work=""
 out="."
 while [ $# -gt 0 ]; do
@@ -46,7 +51,7 @@ while [ $# -gt 0 ]; do
         --only) only="$2"; shift ;;
         --dir) work="$2"; shift ;;
         --out) out="$2"; shift ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -61,12 +66,13 @@ mkdir -p "$detail"
 
 # s5_msgs x 4 KiB: the catch-up log (the write pools hold 2 x 64 MiB);
 # s6_keys: messages with one key each; s7_msgs x 1 KiB: the log recovered;
-# s8_msgs x 4 KiB: the log replicated to an empty slave.
+# s8_msgs x 4 KiB: the log replicated to an empty slave; s9_timed timed messages of
+# 256 B due over s9_spread seconds.
 if [ "$quick" = 1 ]; then
-    fio_bytes=1G; fio_sync_secs=2; secs=3; s10_msgs=100000
+    fio_bytes=1G; fio_sync_secs=2; secs=3; s10_msgs=100000; s9_timed=200000; s9_spread=20
     s5_msgs=120000; s6_keys=200000; s6_queries=20000; s7_msgs=300000; s8_msgs=120000; limit=180
 else
-    fio_bytes=8G; fio_sync_secs=10; secs=15; s10_msgs=500000
+    fio_bytes=8G; fio_sync_secs=10; secs=15; s10_msgs=500000; s9_timed=1000000; s9_spread=60
     s5_msgs=600000; s6_keys=10000000; s6_queries=100000; s7_msgs=2500000; s8_msgs=600000; limit=1200
 fi
 # want N: scenario N is in --only.
@@ -282,6 +288,15 @@ if want 8; then
         rm -rf "${work:?}/s8-sync-master-$n-slave"
     done
 else skip s8-write s8-replicate s8-sync-1 s8-sync-master-1 s8-sync-256 s8-sync-master-256; fi
+
+# Timed messages (9): on a fresh store, plain puts then as many timed puts (the first
+# of the s9_timed), then the rest, all due at random times over s9_spread seconds that
+# start once every put is done; RSS while all are pending; then the delivered records'
+# lateness (store timestamp - TIMER_OUT_MS) until all are read or s9_spread + 60 s.
+if want 9; then
+    run s9-timer "$s9_timed timed messages, 256 B, due over $s9_spread s" \
+        --mode timer --timed "$s9_timed" --spread-secs "$s9_spread" --body 256 --queues 64
+else skip s9-timer; fi
 
 # The node (10): one `coremq serve` on a fresh store; every remote run's node CPU is
 # the change of the node process's user + system time (/proc/<pid>/stat, all threads)
@@ -507,6 +522,26 @@ s8b_ratio() {
         "$(ratio "$(j s8-sync-master-256 .put_latency_us.p99)" "$(j s8-sync-256 '[.put_latency_us.p99, 0.001] | max')") (p99, 256)"
 }
 
+s9_result() {
+    echo "timed puts $(fmt "$(j s9-timer '.timed_first.messages_per_sec // 0')") msg/s," \
+        "$(fmt "$(j s9-timer '.timed_first.cpu_us_per_message // 0')" 2) µs CPU/msg" \
+        "(all $(fmt "$(j s9-timer '.timed_all.cpu_us_per_message // 0')" 2));" \
+        "$(fmt "$(j s9-timer '.timed_stored // 0')") pending: RSS $(fmt "$(j s9-timer '(.memory.after_timed_puts.rss_bytes // 0) / 1048576')") MiB" \
+        "(after the plain puts $(fmt "$(j s9-timer '(.memory.after_plain_puts.rss_bytes // 0) / 1048576')") MiB);" \
+        "delivered $(fmt "$(j s9-timer '.delivery.delivered // 0')"), lateness p50 $(j s9-timer '.delivery.lateness_ms.p50 // "-"') ms," \
+        "p99 $(j s9-timer '.delivery.lateness_ms.p99 // "-"') ms, p99.9 $(j s9-timer '.delivery.lateness_ms.p99_9 // "-"') ms," \
+        "max $(j s9-timer '.delivery.lateness_ms.max // "-"') ms; $(fmt "$(j s9-timer '.delivery.messages_per_sec // 0')") msg/s delivered" \
+        "($(fmt "$(j s9-timer '.delivery.offered_per_sec // 0')") due)"
+}
+s9_baseline() {
+    echo "plain puts, same run: $(fmt "$(j s9-timer '.plain.messages_per_sec // 0')") msg/s," \
+        "$(fmt "$(j s9-timer '.plain.cpu_us_per_message // 0')" 2) µs CPU/msg;" \
+        "timer bound $(fmt "$(j s9-timer '(.memory.timer_bound_bytes // 0) / 1048576')" 1) MiB"
+}
+s9_ratio() {
+    echo "timed/plain CPU/msg $(fmt "$(j s9-timer '.timed_to_plain.cpu_per_message_ratio // 0')" 2)," \
+        "msg/s $(fmt "$(j s9-timer '.timed_to_plain.messages_per_sec_ratio // 0')" 2)"
+}
 s10_result() {
     echo "single: $(fmt "$(j s10-single .messages_per_sec)") msg/s, node $(fmt "$(j s10-single .node_cpu_us_per_message)" 2) µs CPU/msg" \
         "(client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); batched: $(fmt "$(j s10-batch .messages_per_sec)") msg/s," \
@@ -564,6 +599,12 @@ s10_ratio() {
         "fio seq write $(fmt "$write_mb" 1) MB/s" s8a_result s8a_ratio
     scenario s8-sync-master-256 "8b. sync flush + SYNC_MASTER slave, 1 KiB" \
         "sync flush alone, same run" s8b_result s8b_ratio
+    if skipped s9-timer || failed s9-timer; then
+        scenario s9-timer "9. $(fmt "$s9_timed") pending timed messages, due over $s9_spread s" "-" s9_result s9_ratio
+    else
+        scenario s9-timer "9. $(fmt "$s9_timed") pending timed messages, due over $s9_spread s" \
+            "$(s9_baseline)" s9_result s9_ratio
+    fi
     if skipped s10-single; then
         scenario s10-single "10. the node, 1 KiB (load generator on the same machine)" "-" s10_result s10_ratio
     elif failed s10-single || failed s10-batch || failed s10-one || failed s10-pull; then
@@ -582,6 +623,9 @@ s10_ratio() {
     echo "(in parallel) after a SIGKILL, against the time fio takes to read as many bytes as the log holds."
     echo "Replication: 8a counts CommitLog bytes from the slave's open to its last shard reaching the master's"
     echo "end (both stores in one process, loopback); 8b's slave acknowledges what it appended to its write buffer."
+    echo "Timed messages: a put phase runs from its first put to every shard's dispatch caught up; its CPU is the"
+    echo "whole process's (the timer reading its queue included). RSS is the whole process, not the timer alone;"
+    echo "lateness is a delivered record's store timestamp minus its TIMER_OUT_MS (ms)."
     echo "Node: CPU per message is the node process's user + system time over the run (/proc/<pid>/stat)"
     echo "divided by the messages acknowledged; the load generator runs on the same CPUs; goals from issue 20."
     echo "Per-scenario JSON, SVG latency curves and logs: $(basename "$detail")/."
@@ -607,6 +651,7 @@ jq -n \
     --slurpfile s8w "$detail/s8-write.json" --slurpfile s8 "$detail/s8-replicate.json" \
     --slurpfile s8s1 "$detail/s8-sync-1.json" --slurpfile s8m1 "$detail/s8-sync-master-1.json" \
     --slurpfile s8s256 "$detail/s8-sync-256.json" --slurpfile s8m256 "$detail/s8-sync-master-256.json" \
+    --slurpfile s9 "$detail/s9-timer.json" \
     --slurpfile s10e "$detail/s10-embedded.json" --slurpfile s10cw "$detail/s10-catch-up-write.json" \
     --slurpfile s10c "$detail/s10-catch-up.json" --slurpfile s10echo "$detail/s10-echo.json" \
     --slurpfile s10s "$detail/s10-single.json" --slurpfile s10b "$detail/s10-batch.json" \
@@ -653,6 +698,7 @@ jq -n \
                 sync_1: $s8s1[0], sync_master_1: $s8m1[0],
                 sync_256: $s8s256[0], sync_master_256: $s8m256[0]
             },
+            "9_timer": $s9[0],
             "10_node": {
                 embedded: $s10e[0], catch_up_write: $s10cw[0], catch_up: $s10c[0], echo: $s10echo[0],
                 single: $s10s[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
