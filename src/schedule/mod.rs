@@ -109,6 +109,7 @@ pub fn start<H: Host>(host: H) -> crate::Result<()> {
         glommio::Latency::Matters(Duration::from_millis(10)),
         "schedule",
     );
+    crate::shard::stall::name_queue(tq, "schedule (delay levels, timer)");
     for level in 1..=levels.count() {
         let delay = Duration::from_millis(levels.delay_ms(level).unwrap_or(1000));
         let task = run_level(host.clone(), level, delay, stop.clone());
