@@ -24,8 +24,11 @@
 //!    * no delivery came before its time (store time of the delivered record >= store
 //!      time of the scheduled one + the level's delay; for a timed one, >= its due
 //!      time, `TIMER_OUT_MS` or its store time if later);
+//!    * a record in a real queue without a position is a timed message whose time had
+//!      passed when its put was admitted (stored as an ordinary message, as RocketMQ
+//!      does), never one stored before its time;
 //!    * every put the child saw stored in sync-flush mode is among the scheduled
-//!      records (an async put a kill took may be missing: that is the flush mode's
+//!      records (or those ordinary ones) (an async put a kill took may be missing: that is the flush mode's
 //!      contract, not delivery's);
 //!    * `coremq inspect check` finds the store clean.
 //!
@@ -181,6 +184,8 @@ struct Tally {
     early: u64,
     orphans: u64,
     lost_acks: u64,
+    /// Timed messages whose time had passed at their put (stored as ordinary ones).
+    due_at_put: u64,
     /// (due, delivered store time, crossed shards) of every delivery.
     times: Vec<(i64, i64, bool)>,
 }
@@ -291,7 +296,13 @@ fn verify(root: &Path, acked_sync: &BTreeSet<String>, problems: &mut Vec<String>
             problems.push(format!("{key} at {pos:?} never delivered"));
         }
     }
-    let keys: BTreeSet<&String> = scheduled.values().map(|(k, _)| k).collect();
+    let due_at_put = read_real_queues(&h).1;
+    t.due_at_put = due_at_put.len() as u64;
+    let keys: BTreeSet<&String> = scheduled
+        .values()
+        .map(|(k, _)| k)
+        .chain(due_at_put.iter())
+        .collect();
     for k in acked_sync {
         if !keys.contains(k) {
             t.lost_acks += 1;
@@ -318,7 +329,15 @@ type Pos = (u32, u32, u64, u64);
 
 /// position -> every delivered copy: (key, store time).
 fn read_delivered(h: &Handle) -> BTreeMap<Pos, Vec<(String, i64)>> {
+    read_real_queues(h).0
+}
+
+/// What the real queues hold: deliveries by position, and the keys of timed messages
+/// whose time had passed when their put was admitted (stored as ordinary messages, as
+/// RocketMQ does: the child computes `TIMER_DELIVER_MS` before a put that can wait).
+fn read_real_queues(h: &Handle) -> (BTreeMap<Pos, Vec<(String, i64)>>, BTreeSet<String>) {
     let mut out: BTreeMap<Pos, Vec<(String, i64)>> = BTreeMap::new();
+    let mut due_at_put = BTreeSet::new();
     for topic in TOPICS {
         for q in 0..QUEUES {
             let mut off = 0;
@@ -329,9 +348,24 @@ fn read_delivered(h: &Handle) -> BTreeMap<Pos, Vec<(String, i64)>> {
                 }
                 for raw in &r.records {
                     let m = StoredMessage::decode(raw).unwrap();
-                    let p = Position::parse(m.property(POSITION).expect("a delivered record"))
-                        .expect("a valid position");
                     let key = m.property("UNIQ_KEY").unwrap().to_string();
+                    let Some(pos) = m.property(POSITION) else {
+                        let at: i64 = m
+                            .property("TIMER_DELIVER_MS")
+                            .unwrap_or_else(|| {
+                                panic!("{key} in {topic}/{q} is neither delivered nor timed")
+                            })
+                            .parse()
+                            .unwrap();
+                        assert!(
+                            at <= m.store_timestamp_ms,
+                            "{key} stored as an ordinary message {} ms before its time",
+                            at - m.store_timestamp_ms
+                        );
+                        due_at_put.insert(key);
+                        continue;
+                    };
+                    let p = Position::parse(pos).expect("a valid position");
                     out.entry((p.shard, p.lane, p.hi, p.lo))
                         .or_default()
                         .push((key, m.store_timestamp_ms));
@@ -340,7 +374,7 @@ fn read_delivered(h: &Handle) -> BTreeMap<Pos, Vec<(String, i64)>> {
             }
         }
     }
-    out
+    (out, due_at_put)
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -451,7 +485,7 @@ fn delayed_messages_delivered_exactly_once_across_kill_9() {
         )
     };
     println!(
-        "cycles={cycles} scheduled={} delivered={} duplicates={} missing={} early={} orphans={} lost_acks={} \
+        "cycles={cycles} scheduled={} delivered={} duplicates={} missing={} early={} orphans={} lost_acks={} due_at_put={} \
          lateness_ms live: same shard {}, crossing shards {}; {downtime} due while no process ran; seed={seed}",
         last.scheduled,
         last.delivered,
@@ -460,6 +494,7 @@ fn delayed_messages_delivered_exactly_once_across_kill_9() {
         last.early,
         last.orphans,
         last.lost_acks,
+        last.due_at_put,
         stats(&live),
         stats(&cross),
     );
