@@ -58,7 +58,8 @@ use crate::format::schedule::{Position, TIMER_LANE, TIMER_OUT_MS, TIMER_TOPIC, t
 use crate::message::StoredMessage;
 use crate::schedule::{Deliverer, Host, Outcome, Stop, newest_anywhere, read_scheduled};
 use crate::wake::join_all;
-use pending::{Pending, memory_bound};
+use pending::Pending;
+pub use pending::memory_bound;
 use runs::Entry;
 use std::collections::VecDeque;
 use std::rc::Rc;

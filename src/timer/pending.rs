@@ -244,8 +244,9 @@ impl Pending {
     }
 }
 
-/// The bound on a pending set's memory in bytes (module docs), for logs and benches.
-pub(crate) fn memory_bound(cap: usize) -> usize {
+/// The bound on one shard's timer memory in bytes with `cap` entries in memory
+/// (module docs): for logs and benches.
+pub fn memory_bound(cap: usize) -> usize {
     cap * std::mem::size_of::<Entry>() + MAX_RUNS * READ_CHUNK
 }
 

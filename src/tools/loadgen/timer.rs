@@ -53,11 +53,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Bytes of memory the timer may use per shard beyond its entries (its run readers:
-/// `MAX_RUNS` x 64 KiB, `crate::timer`'s pending set).
-const TIMER_RUN_BUFFERS: u64 = 1 << 20;
-/// Bytes per pending entry held in memory (`crate::timer`).
-const TIMER_ENTRY_BYTES: u64 = 24;
 /// After the last due time, how long the consumers wait for missing messages.
 const DELIVERY_GRACE_MS: i64 = 60_000;
 /// Once every message was seen, how long the consumers go on looking for duplicates.
@@ -205,7 +200,7 @@ pub(super) fn run(
     let spread_ms = (cfg.spread_secs * 1000) as i64;
     let template = cfg.store_template(dir);
     let entries = template.schedule.timer_memory_entries as u64;
-    let bound = shards as u64 * (entries * TIMER_ENTRY_BYTES + TIMER_RUN_BUFFERS);
+    let bound = shards as u64 * crate::timer::memory_bound(entries as usize) as u64;
     let store = open_store(cfg, dir, shards, template)?;
     let handle = store.handle();
     let plan = Plan::new(cfg, handle.ownership(), shards, Vec::new())?;
