@@ -328,15 +328,17 @@ fn verify(root: &Path, acked_sync: &BTreeSet<String>, problems: &mut Vec<String>
 type Pos = (u32, u32, u64, u64);
 
 /// position -> every delivered copy: (key, store time).
-fn read_delivered(h: &Handle) -> BTreeMap<Pos, Vec<(String, i64)>> {
+type Deliveries = BTreeMap<Pos, Vec<(String, i64)>>;
+
+fn read_delivered(h: &Handle) -> Deliveries {
     read_real_queues(h).0
 }
 
 /// What the real queues hold: deliveries by position, and the keys of timed messages
 /// whose time had passed when their put was admitted (stored as ordinary messages, as
 /// RocketMQ does: the child computes `TIMER_DELIVER_MS` before a put that can wait).
-fn read_real_queues(h: &Handle) -> (BTreeMap<Pos, Vec<(String, i64)>>, BTreeSet<String>) {
-    let mut out: BTreeMap<Pos, Vec<(String, i64)>> = BTreeMap::new();
+fn read_real_queues(h: &Handle) -> (Deliveries, BTreeSet<String>) {
+    let mut out = Deliveries::new();
     let mut due_at_put = BTreeSet::new();
     for topic in TOPICS {
         for q in 0..QUEUES {
