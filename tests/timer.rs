@@ -298,3 +298,114 @@ fn a_manifest_past_the_queue_end_is_dropped_and_the_queue_read_again() {
     check(&delivered(&h), &want);
     store.shutdown().unwrap();
 }
+
+/// A million pending timed messages across a clean restart, at the default memory cap
+/// (most wait in runs on disk): every one delivered once, none early; prints the open's
+/// time, the process's RSS with them pending, and lateness. Manual (a minute or two):
+/// `COREMQ_TIMER_SCALE=1000000 cargo test --release --test timer -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn a_million_pending_survive_a_restart() {
+    let n: u64 = std::env::var("COREMQ_TIMER_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let open_default = |root: &Path| {
+        let mut cfg = ShardedConfig::new(root);
+        cfg.shards = 2;
+        cfg.pin = false;
+        ShardedStore::open(cfg).unwrap()
+    };
+    let first_due = coremq::now_ms() + 40_000 + n as i64 / 50;
+    let spread = 30_000u64;
+    {
+        let store = open_default(dir.path());
+        let h = store.handle();
+        let threads: Vec<_> = (0..2u64)
+            .map(|t| {
+                let h = h.clone();
+                std::thread::spawn(move || {
+                    let mut rng = 0x9e3779b97f4a7c15u64 ^ t;
+                    for i in (t..n).step_by(2) {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let at = first_due + (rng % spread) as i64;
+                        let m = timed(
+                            i,
+                            (i % QUEUES as u64) as i32,
+                            "TIMER_DELIVER_MS",
+                            at.to_string(),
+                        );
+                        assert_eq!(block_on(h.put(m)).status, PutStatus::PutOk, "put {i}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let rss = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap_or("?")
+            .to_string();
+        eprintln!(
+            "{n} pending; {rss}; bound per shard {} bytes",
+            coremq::timer::memory_bound(262_144)
+        );
+        let t = Instant::now();
+        store.shutdown().unwrap();
+        eprintln!("shutdown {:?}", t.elapsed());
+    }
+    assert!(
+        coremq::now_ms() < first_due,
+        "the puts took past the first due time"
+    );
+    let t = Instant::now();
+    let store = open_default(dir.path());
+    eprintln!("reopen {:?}", t.elapsed());
+    let h = store.handle();
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    let mut late = Vec::new();
+    let mut offs = vec![0u64; QUEUES as usize];
+    let deadline = Instant::now()
+        + Duration::from_millis((first_due - coremq::now_ms()) as u64 + spread + 60_000);
+    while (seen.len() as u64) < n && Instant::now() < deadline {
+        for q in 0..QUEUES {
+            loop {
+                let r = block_on(h.get(TOPIC, q, offs[q as usize], 256, 1 << 22)).unwrap();
+                if r.status != GetStatus::Found {
+                    break;
+                }
+                for raw in &r.records {
+                    let m = StoredMessage::decode(raw).unwrap();
+                    let out: i64 = m.property("TIMER_OUT_MS").unwrap().parse().unwrap();
+                    late.push(m.store_timestamp_ms - out);
+                    *seen
+                        .entry(m.property("UNIQ_KEY").unwrap().to_string())
+                        .or_default() += 1;
+                }
+                offs[q as usize] = r.next_begin_offset;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    late.sort();
+    let dups = seen.values().filter(|c| **c > 1).count();
+    eprintln!(
+        "delivered {} of {n}, duplicates {dups}, early {}, lateness ms p50={} p99={} p999={} max={}",
+        seen.len(),
+        late.iter().filter(|l| **l < 0).count(),
+        late[late.len() / 2],
+        late[late.len() * 99 / 100],
+        late[late.len() * 999 / 1000],
+        late[late.len() - 1]
+    );
+    assert_eq!(seen.len() as u64, n);
+    assert_eq!(dups, 0);
+    assert!(late[0] >= 0, "delivered early");
+    store.shutdown().unwrap();
+}
