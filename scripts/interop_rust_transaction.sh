@@ -1,46 +1,10 @@
 #!/usr/bin/env bash
-# Transactions with rocketmq-client-rust (crates.io, 1.0.0): builds
-# scripts/interop-rust's `transaction` program (same workspace and target dir as
-# scripts/interop_rust.sh), starts a coremq node with a 1 s transaction timeout and a
-# 200 ms check interval, and checks commit, rollback, and "unknown" answered through the
-# broker's check-back (CHECK_TRANSACTION_STATE) with TransactionMQProducer.
+# Transactions with rocketmq-client-rust (crates.io, 1.0.0): runs scripts/interop-rust's
+# `transaction` program against a coremq node with a 1 s transaction timeout and a 200 ms
+# check interval, and checks commit, rollback, and "unknown" answered through the broker's
+# check-back (CHECK_TRANSACTION_STATE) with TransactionMQProducer.
 #
 #   scripts/interop_rust_transaction.sh   (INTEROP_RUST_TARGET, COREMQ_NETWORK as interop_rust.sh)
 # Exit 0 when every check passed; 77 when the client cannot be built (skip).
-set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-root="$(dirname "$here")"
-work="$(mktemp -d /tmp/coremq-interop-rust.XXXXXX)"
-target="${INTEROP_RUST_TARGET:-/tmp/coremq-interop-rust-target}"
-node_pid=""
-cleanup() {
-    if [[ -n "$node_pid" ]] && kill -0 "$node_pid" 2>/dev/null; then kill -TERM "$node_pid" || true; wait "$node_pid" || true; fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-(cd "$here/interop-rust" && CARGO_TARGET_DIR="$target" cargo build -q) \
-    || { echo "SKIPPED: cannot build rocketmq-client-rust"; exit 77; }
-if [[ -z "${COREMQ_BIN:-}" ]]; then
-    (cd "$root" && cargo build -q --features cli)
-    COREMQ_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/coremq"
-fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
-# COREMQ_NETWORK=threads runs the thread-per-connection front end instead.
-printf 'network = "%s"\ntransaction_timeout_ms = 1000\ntransaction_check_interval_ms = 200\n' \
-    "${COREMQ_NETWORK:-shards}" >"$work/coremq.toml"
-"$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
-    --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
-    >"$work/node.log" 2>&1 &
-node_pid=$!
-for _ in $(seq 100); do
-    grep -q "node serving" "$work/node.log" && break
-    kill -0 "$node_pid" 2>/dev/null || { cat "$work/node.log"; exit 1; }
-    sleep 0.1
-done
-status=0
-timeout 180 "$target/debug/transaction" "127.0.0.1:$namesrv_port" RustTx 2>/dev/null || status=$?
-kill -TERM "$node_pid"; wait "$node_pid" || status=1; node_pid=""
-[[ $status -eq 0 ]] || { echo "--- node log ---"; tail -40 "$work/node.log"; }
-exit $status
+exec "$(dirname "$0")/interop_rust_program.sh" transaction RustTx \
+    $'transaction_timeout_ms = 1000\ntransaction_check_interval_ms = 200\n'

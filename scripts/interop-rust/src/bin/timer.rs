@@ -5,18 +5,20 @@
 //! (scripts/interop_rust_timer.sh starts the node with `timer_max_delay_sec = 60`).
 //! Usage: timer NAMESRV_ADDR TOPIC (exit 0 = every check passed).
 use std::collections::HashMap;
+#[path = "../common.rs"]
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rocketmq_client_rust::{
-    ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
+    ClientResult, ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus, DefaultMQProducer, DefaultMQPushConsumer, MQPushConsumer,
     MessageListenerConcurrently,
 };
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
-use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -48,32 +50,9 @@ impl MessageListenerConcurrently for Collect {
 async fn main() -> ClientResult<()> {
     let namesrv = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:9876".into());
     let topic = std::env::args().nth(2).unwrap_or_else(|| "RustTimer".into());
-    let owner = RuntimeOwner::plan(RuntimeConfig {
-        thread_name: "interop-timer".into(),
-        ..Default::default()
-    })
-    .expect("runtime config")
-    .build()
-    .map_err(|e| ClientError::internal("runtime", e))?;
-    let telemetry = rocketmq_observability::install_global(
-        &rocketmq_observability::TelemetryBootstrapConfig::default(),
-    )
-    .map_err(|e| ClientError::internal("telemetry", e))?;
-    let rt: Arc<ClientRuntime> = ClientRuntime::try_new(
-        owner.root_context().component("client"),
-        ClientRuntimeConfig::default(),
-        telemetry.handle(),
-    )?;
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut check = |name: &str, ok: bool, detail: String| {
-        println!("{} {name}: {detail}", if ok { "PASS" } else { "FAIL" });
-        if ok {
-            passed += 1
-        } else {
-            failed += 1
-        }
-    };
+    let client = common::Client::start("interop-timer")?;
+    let rt = client.rt.clone();
+    let mut tally = common::Checks::default();
     let got: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
     let mut consumer = DefaultMQPushConsumer::builder(rt.clone())
         .consumer_group("rust-timer-consumer".to_string())
@@ -97,7 +76,7 @@ async fn main() -> ClientResult<()> {
     while !got.lock().unwrap().contains_key("plain") && t0.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    check(
+    tally.check(
         "plain message consumed",
         got.lock().unwrap().contains_key("plain"),
         format!("{:?}", t0.elapsed()),
@@ -134,8 +113,8 @@ async fn main() -> ClientResult<()> {
             }
         };
         match producer.send_with_timeout(msg, 5000).await {
-            Ok(r) => check(&format!("send {body}"), r.is_some(), format!("{r:?}")),
-            Err(e) => check(&format!("send {body}"), false, format!("{e}")),
+            Ok(r) => tally.check(&format!("send {body}"), r.is_some(), format!("{r:?}")),
+            Err(e) => tally.check(&format!("send {body}"), false, format!("{e}")),
         }
         due.push((body, at));
         let _ = i;
@@ -147,7 +126,7 @@ async fn main() -> ClientResult<()> {
         .build_unchecked();
     far.set_delay_time_sec(120);
     let r = producer.send_with_timeout(far, 5000).await;
-    check(
+    tally.check(
         "a delivery time past timer_max_delay_sec is refused",
         r.is_err(),
         match r {
@@ -171,10 +150,10 @@ async fn main() -> ClientResult<()> {
     let g = got.lock().unwrap().clone();
     for (body, at) in &due {
         match g.get(body) {
-            None => check(&format!("{body} consumed"), false, "never".into()),
+            None => tally.check(&format!("{body} consumed"), false, "never".into()),
             Some(times) => {
                 let first = times[0];
-                check(
+                tally.check(
                     &format!("{body} consumed once, not before its time, within 1 s after"),
                     times.len() == 1 && first >= *at && first < at + 1000,
                     format!("{} copies, {} ms after its time", times.len(), first as i64 - *at as i64),
@@ -182,13 +161,12 @@ async fn main() -> ClientResult<()> {
             }
         }
     }
-    check(
+    tally.check(
         "the refused one never arrives",
         !g.contains_key("timed-too-far"),
         format!("{:?}", g.keys().collect::<Vec<_>>()),
     );
     consumer.shutdown().await;
     producer.shutdown().await;
-    println!("{passed} passed, {failed} failed");
-    std::process::exit(if failed == 0 { 0 } else { 1 });
+    tally.exit();
 }

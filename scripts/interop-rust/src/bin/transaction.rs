@@ -7,18 +7,20 @@
 //! Usage: transaction NAMESRV_ADDR TOPIC (exit 0 = every check passed).
 use std::any::Any;
 use std::collections::HashSet;
+#[path = "../common.rs"]
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rocketmq_client_rust::{
-    ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
+    ClientResult, ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus, DefaultMQPushConsumer, LocalTransactionState, MQPushConsumer,
     MessageListenerConcurrently, TransactionListener, TransactionMQProducer,
 };
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
-use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
 fn body_of(m: &dyn MessageTrait) -> String {
     m.get_body()
@@ -77,22 +79,8 @@ async fn main() -> ClientResult<()> {
     let topic = std::env::args()
         .nth(2)
         .unwrap_or_else(|| "RustTx".into());
-    let owner = RuntimeOwner::plan(RuntimeConfig {
-        thread_name: "interop-tx".into(),
-        ..Default::default()
-    })
-    .expect("runtime config")
-    .build()
-    .map_err(|e| ClientError::internal("runtime", e))?;
-    let telemetry = rocketmq_observability::install_global(
-        &rocketmq_observability::TelemetryBootstrapConfig::default(),
-    )
-    .map_err(|e| ClientError::internal("telemetry", e))?;
-    let rt: Arc<ClientRuntime> = ClientRuntime::try_new(
-        owner.root_context().component("client"),
-        ClientRuntimeConfig::default(),
-        telemetry.handle(),
-    )?;
+    let client = common::Client::start("interop-tx")?;
+    let rt = client.rt.clone();
     let checks: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut producer = TransactionMQProducer::builder(rt.clone())
         .producer_group("rust-tx-group".to_string())
@@ -100,16 +88,7 @@ async fn main() -> ClientResult<()> {
         .transaction_listener(Local(checks.clone()))
         .build();
     producer.start().await?;
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut check = |name: &str, ok: bool, detail: String| {
-        println!("{} {name}: {detail}", if ok { "PASS" } else { "FAIL" });
-        if ok {
-            passed += 1
-        } else {
-            failed += 1
-        }
-    };
+    let mut tally = common::Checks::default();
     let got: Arc<Mutex<HashSet<String>>> = Arc::default();
     let mut consumer = DefaultMQPushConsumer::builder(rt.clone())
         .consumer_group("rust-tx-consumer".to_string())
@@ -125,19 +104,19 @@ async fn main() -> ClientResult<()> {
             .body_slice(body.as_bytes())
             .build_unchecked();
         match producer.send_message_in_transaction::<(), _>(msg, None).await {
-            Ok(r) => check(
+            Ok(r) => tally.check(
                 &format!("send {body} in a transaction"),
                 true,
                 format!("{:?}", r.local_transaction_state),
             ),
-            Err(e) => check(&format!("send {body} in a transaction"), false, format!("{e}")),
+            Err(e) => tally.check(&format!("send {body} in a transaction"), false, format!("{e}")),
         }
     }
     let t0 = Instant::now();
     while !got.lock().unwrap().contains("tx-commit") && t0.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    check(
+    tally.check(
         "committed message consumed",
         got.lock().unwrap().contains("tx-commit"),
         format!("{:?}", t0.elapsed()),
@@ -146,31 +125,30 @@ async fn main() -> ClientResult<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = sent_at.elapsed();
-    check(
+    tally.check(
         "unknown message committed from the check-back and consumed",
         got.lock().unwrap().contains("tx-unknown"),
         format!("after {took:?}, checks {:?}", checks.lock().unwrap()),
     );
-    check(
+    tally.check(
         "checked back no sooner than the transaction timeout (1 s)",
         took >= Duration::from_millis(1000),
         format!("{took:?}"),
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let seen = got.lock().unwrap().clone();
-    check(
+    tally.check(
         "rolled-back message never consumed",
         !seen.contains("tx-rollback"),
         format!("{seen:?}"),
     );
     let asked = checks.lock().unwrap().clone();
-    check(
+    tally.check(
         "only the unknown one was checked back",
         !asked.is_empty() && asked.iter().all(|b| b == "tx-unknown"),
         format!("{asked:?}"),
     );
     consumer.shutdown().await;
     producer.shutdown().await;
-    println!("{passed} passed, {failed} failed");
-    std::process::exit(if failed == 0 { 0 } else { 1 });
+    tally.exit();
 }
