@@ -183,8 +183,9 @@ pub struct Node {
     store: Option<ShardedStore>,
     threads: Vec<JoinHandle<()>>,
     shard_net: Option<shard_net::ShardNet>,
-    /// Listeners whose accept threads must be woken at shutdown.
-    wake: Vec<SocketAddr>,
+    /// Descriptors of the listeners whose accept threads must be woken at shutdown
+    /// ([`wake_accept`]).
+    wake: Vec<TcpListener>,
     /// Addresses actually bound (useful with port 0).
     pub broker_addr: SocketAddr,
     pub namesrv_addr: Option<SocketAddr>,
@@ -299,14 +300,14 @@ impl Node {
             node.shard_net = Some(shard_net::ShardNet::start(&state, groups)?);
         } else {
             for l in groups.into_iter().flatten() {
-                node.wake.extend(l.local_addr().ok());
+                node.wake.extend(l.try_clone().ok());
                 let st = state.clone();
                 node.spawn("coremq-accept", move || thread_net::accept_loop(st, l))?;
             }
         }
         if let Some(l) = metrics {
             node.metrics_addr = l.local_addr().ok();
-            node.wake.extend(node.metrics_addr);
+            node.wake.extend(l.try_clone().ok());
             let st = state.clone();
             node.spawn("coremq-metrics", move || metrics::serve(st, l))?;
         }
@@ -408,8 +409,8 @@ impl Node {
             st.shut_cv.notify_all();
         }
         // Wake the accept threads (each sees the flag on its next accept).
-        for addr in &self.wake {
-            let _ = TcpStream::connect_timeout(&wake_addr(*addr), Duration::from_secs(1));
+        for l in &self.wake {
+            wake_accept(l);
         }
         if let Some(mut net) = self.shard_net.take() {
             // Held pulls answer once signalled; the shards wait for their connections.
@@ -480,12 +481,21 @@ async fn serve_in_process(
     }
 }
 
-/// Where to connect to reach a listener bound to `addr` (0.0.0.0 means loopback).
-fn wake_addr(addr: SocketAddr) -> SocketAddr {
-    if addr.ip().is_unspecified() {
-        SocketAddr::from(([127, 0, 0, 1], addr.port()))
-    } else {
-        addr
+/// Wakes a thread blocked in `accept` on `l` (another descriptor of the same socket):
+/// `shutdown(2)` on a listening socket makes a blocked `accept` fail at once (Linux).
+/// Connecting to the listener's address instead can reach another process when the
+/// address is shared (0.0.0.0 against 127.0.0.1 on the default metrics port), and the
+/// shutdown then waited for ever.
+fn wake_accept(l: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `l` owns an open socket descriptor for the duration of the call.
+    let rc = unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+    if rc != 0 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            addr = ?l.local_addr().ok(),
+            "shutdown of a listening socket failed; its accept thread may not wake"
+        );
     }
 }
 
@@ -538,5 +548,30 @@ fn watch_shards(st: &NodeState) {
                  its queues are unavailable until the node restarts"
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread blocked in `accept` wakes when another descriptor of its socket is shut
+    /// down, without any connection (which could reach another process).
+    #[test]
+    fn a_blocked_accept_wakes_on_shutdown_of_the_listener() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = l.try_clone().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let r = l.accept().map(|_| ());
+            let _ = tx.send(r.is_err());
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        wake_accept(&other);
+        let failed = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the accept thread woke");
+        assert!(failed, "accept returned an error, not a connection");
+        t.join().unwrap();
     }
 }
