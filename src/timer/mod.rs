@@ -24,7 +24,7 @@
 //! and are taken when a record is appended, so a record appended after the moment `N`
 //! has a due time of at least `N`. The service therefore takes `N = now`, waits until
 //! dispatch has caught up with everything written at that moment, reads the queue to
-//! its end, and only then delivers keys due before `N` ([`Store::timer_horizon`]).
+//! its end, and only then delivers keys due before `N` ([`Store::timer_horizon`](crate::Store::timer_horizon)).
 //! RocketMQ 5's timer is at-least-once: its checkpoint is written every second or so
 //! and a crash repeats what was delivered since.
 //!
