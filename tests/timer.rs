@@ -136,13 +136,7 @@ fn timed_messages_arrive_at_their_time_in_any_order_with_most_of_them_on_disk() 
     let store = open(dir.path(), 2, 16);
     let h = store.handle();
     let want = put_shuffled(&h, 0, 600, 2500);
-    // Nothing is visible before its time.
-    let early = delivered(&h);
-    assert!(
-        early.len() < 60,
-        "{} delivered within the first puts",
-        early.len()
-    );
+    // (`check` below proves none was delivered before its time.)
     wait_for("every timed message", Duration::from_secs(30), || {
         delivered(&h).len() == want.len()
     });
@@ -268,6 +262,8 @@ fn a_manifest_past_the_queue_end_is_dropped_and_the_queue_read_again() {
             assert_eq!(block_on(h.put(m)).status, PutStatus::PutOk);
             want.insert(format!("U{i}"), 0);
         }
+        // Time for the timer to read them all (spilling runs) before the shutdown saves.
+        std::thread::sleep(Duration::from_millis(500));
         store.shutdown().unwrap();
     }
     let manifest = dir
