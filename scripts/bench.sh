@@ -28,7 +28,12 @@
 #        one send in flight, and a pull read-back (32 per request), with the node's
 #        CPU per message (from /proc/<pid>/stat) next to the embedded put's CPU per
 #        message, a loopback TCP echo round trip and the embedded catch-up rate, all
-#        measured in the same run.
+#        measured in the same run;
+#   11   latency against load (issue 23): scenario 4's open loop (async 1 KiB puts,
+#        tailing consumers) at 10, 25, 50, 75 and 90% of scenario 1's closed-loop rate
+#        (without scenario 1, a closed-loop run of its own first), one run per point:
+#        offered and achieved msg/s, put p50/p99/p99.9 and end-to-end p99 per point,
+#        the curves in bench-results/s11-latency-vs-load.svg.
 #
 # Usage: scripts/bench.sh [--quick] [--only LIST] [--dir DIR] [--out DIR]
 #   --quick      about 2 minutes instead of about 10 (shorter runs, smaller stores)
@@ -42,7 +47,7 @@
 set -euo pipefail
 
 quick=0
-only="1,2,3,4,5,6,7,8,9,10"
+only="1,2,3,4,5,6,7,8,9,10,11"
 work=""
 out="."
 while [ $# -gt 0 ]; do
@@ -51,7 +56,7 @@ while [ $# -gt 0 ]; do
         --only) only="$2"; shift ;;
         --dir) work="$2"; shift ;;
         --out) out="$2"; shift ;;
-        -h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -101,7 +106,7 @@ bin="$work/coremq"
 cp "${CARGO_TARGET_DIR:-$repo/target}/release/coremq" "$bin"
 
 cleanup() {
-    rm -rf "$work"/fio-* "$work"/s[0-9]-* "$work"/s10-* "$bin"
+    rm -rf "$work"/fio-* "$work"/s[0-9]-* "$work"/s1[01]-* "$bin"
     rmdir "$work" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -393,6 +398,103 @@ else
     skip $s10_names
 fi
 
+# Latency against load (11, issue 23): scenario 4's open loop (async 1 KiB puts, 64
+# queues, tailing consumers) offered at 10, 25, 50, 75 and 90% of the closed-loop rate
+# measured in this run (scenario 1's msg/s; without scenario 1, a closed-loop run of
+# its own first), one run per point; put p50/p99/p99.9 and end-to-end p99 against the
+# offered load, gathered in s11-latency-vs-load.{json,svg}.
+s11_pcts=(10 25 50 75 90)
+s11_names="s11-capacity ${s11_pcts[*]/#/s11-}"
+if want 11; then
+    s11_cap=$(jq '(.messages_per_sec // 0) | floor' "$detail/s1-async-1k.json")
+    s11_from="scenario 1"
+    if [ "$s11_cap" -le 0 ]; then
+        run s11-capacity "async flush, 1 KiB, all shards, 64 queues (closed loop for 11)" \
+            --duration "$secs" --body 1024 --queues 64
+        s11_cap=$(jq '(.messages_per_sec // 0) | floor' "$detail/s11-capacity.json")
+        s11_from="s11-capacity"
+    else skip s11-capacity; fi
+    s11_rates=()
+    for p in "${s11_pcts[@]}"; do
+        rate=$((s11_cap * p / 100))
+        s11_rates+=("$rate")
+        if [ "$rate" -gt 0 ]; then
+            run "s11-$p" "async flush, 1 KiB, tailing consumers, $p% of closed loop ($rate msg/s)" \
+                --duration "$secs" --body 1024 --queues 64 --consumers --rate "$rate" \
+                --drain-timeout 10
+        else
+            jq -n --arg lbl "$p% of closed loop" \
+                '{"label": $lbl, "ok": false, "failed": true, "first_error": "no closed-loop rate"}' \
+                >"$detail/s11-$p.json"
+        fi
+    done
+    s11_files=()
+    for p in "${s11_pcts[@]}"; do s11_files+=("$detail/s11-$p.json"); done
+    jq -s --argjson cap "$s11_cap" --arg from "$s11_from" \
+        --argjson pcts "$(printf '%s\n' "${s11_pcts[@]}" | jq -s .)" \
+        --argjson rates "$(printf '%s\n' "${s11_rates[@]}" | jq -s .)" \
+        '[range(0; length) as $i | .[$i] as $r | {
+            name: "s11-\($pcts[$i])", percent: $pcts[$i], offered_per_sec: $rates[$i],
+            achieved_per_sec: $r.messages_per_sec, ok: ($r.ok // false),
+            failed: ($r.failed // false), first_error: $r.first_error,
+            put_latency_us: $r.put_latency_us, e2e_latency_us: $r.e2e_latency_us,
+            consumed_while_producing: $r.consumed_while_producing, messages: $r.messages,
+            cpu_us_per_message: $r.cpu_us_per_message}] as $points
+        | {label: "latency vs load (async 1 KiB, tailing consumers)",
+           closed_loop_messages_per_sec: $cap, closed_loop_from: $from,
+           ok: ($cap > 0 and all($points[]; .ok)),
+           failed: ($cap <= 0 or all($points[]; .failed)),
+           first_error: (if $cap <= 0 then "no closed-loop rate (\($from))"
+               else first($points[] | select(.ok | not) | "\(.name): \(.first_error // "see its JSON")") // null end),
+           points: $points}' \
+        "${s11_files[@]}" >"$detail/s11-latency-vs-load.json"
+    # The curves: put p99, put p99.9 and end-to-end p99 (log µs) against the offered
+    # load (% of the closed-loop rate).
+    jq -r '.points[] | select(.put_latency_us != null)
+        | [.percent, .put_latency_us.p99, .put_latency_us.p99_9, (.e2e_latency_us.p99 // -1),
+           .put_latency_us.p50] | @tsv' "$detail/s11-latency-vs-load.json" |
+        awk -F'\t' -v title="coremq: latency vs load (async 1 KiB, 64 queues, tailing consumers)" \
+            -v subtitle="closed loop $(printf "%'d" "$s11_cap") msg/s ($s11_from); $secs s per point" '
+        function y(v) { if (v < 1e-3) v = 1e-3; return top + ph - (log(v) / log(10) - lo) / (hi - lo) * ph }
+        function x(p) { return left + p / 100 * pw }
+        { n++; pc[n] = $1; v[1, n] = $5; v[2, n] = $2; v[3, n] = $3; v[4, n] = $4
+          for (c = 1; c <= 4; c++) if (v[c, n] > 0) { if (min == "" || v[c, n] < min) min = v[c, n]; if (v[c, n] > max) max = v[c, n] } }
+        END {
+            w = 900; h = 540; left = 80; right = 170; top = 64; bottom = 60; pw = w - left - right; ph = h - top - bottom
+            if (min == "") { min = 1; max = 1000 }
+            lo = int(log(min < 0.1 ? 0.1 : min) / log(10)); if (10 ^ lo > min) lo--
+            hi = int(log(max < 1 ? 1 : max) / log(10)); if (10 ^ hi < max) hi++; if (hi <= lo) hi = lo + 1
+            printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n", w, h, w, h
+            printf "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", w, h
+            printf "<text x=\"%.1f\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">%s</text><text x=\"%.1f\" y=\"44\" text-anchor=\"middle\">%s</text>\n", left + pw / 2, title, left + pw / 2, subtitle
+            for (p = 0; p <= 100; p += 10)
+                printf "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d%%</text>\n", x(p), top, x(p), top + ph, x(p), top + ph + 18, p
+            printf "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">offered load (%% of the closed-loop rate)</text>\n", left + pw / 2, h - 15
+            for (d = lo; d <= hi; d++) {
+                val = 10 ^ d
+                if (val >= 1e6) lbl = (val / 1e6) " s"; else if (val >= 1e3) lbl = (val / 1e3) " ms"; else lbl = val " µs"
+                printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left, y(val), left + pw, y(val), left - 6, y(val) + 4, lbl
+            }
+            printf "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 18 %.1f)\">latency</text>\n", top + ph / 2, top + ph / 2
+            printf "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"black\"/>\n", left, top, pw, ph
+            split("put p50|put p99|put p99.9|end-to-end p99", name, "|"); split("#999|#1f77b4|#d62728|#2ca02c", color, "|")
+            for (c = 1; c <= 4; c++) {
+                pts = ""; dots = ""
+                for (i = 1; i <= n; i++) if (v[c, i] > 0) {
+                    pts = pts sprintf("%.1f,%.1f ", x(pc[i]), y(v[c, i]))
+                    dots = dots sprintf("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>", x(pc[i]), y(v[c, i]), color[c])
+                }
+                if (pts != "") printf "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%s\"/>%s\n", color[c], pts, dots
+                ly = top + 20 + 28 * (c - 1); lx = left + pw + 15
+                printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"3\"/><text x=\"%d\" y=\"%d\">%s</text>\n", lx, ly, lx + 25, ly, color[c], lx + 32, ly + 4, name[c]
+            }
+            print "</svg>"
+        }' >"$detail/s11-latency-vs-load.svg"
+else
+    # shellcheck disable=SC2086
+    skip $s11_names s11-latency-vs-load
+fi
+
 # ---------------------------------------------------------------------------------
 # report
 
@@ -562,6 +664,39 @@ s10_ratio() {
         "p50 $(ratio "$(j s10-one .send_latency_us.p50)" "$(j s10-echo '[.send_latency_us.p50, 1] | max')") of echo (goal <= 2);" \
         "pull $(ratio "$(j s10-pull '.read_back_per_sec // 0')" "$(j s10-catch-up '[.messages_per_sec, 1] | max')") of catch-up (goal >= 0.5)"
 }
+# lat US: a latency in µs, ms or s, 2 or 3 significant figures.
+lat() {
+    awk -v v="$1" 'BEGIN {
+        if (v >= 1e6) printf "%.1f s", v / 1e6
+        else if (v >= 1e4) printf "%.0f ms", v / 1e3
+        else if (v >= 1e3) printf "%.1f ms", v / 1e3
+        else printf "%.0f µs", v }'
+}
+s11_result() {
+    local p n out="offered → achieved msg/s: put p50 / p99 / p99.9, e2e p99 at"
+    for p in "${s11_pcts[@]}"; do
+        n="s11-$p"
+        if failed "$n" || [ "$(j "$n" '.put_latency_us == null')" = true ]; then
+            out="$out $p%: failed ($(j "$n" '.first_error // "see its JSON"' | tr '\n|' '  '));"
+        else
+            out="$out $p%: $(fmt "$(j "$n" .config.rate)") → $(fmt "$(j "$n" .messages_per_sec)"):"
+            out="$out $(lat "$(j "$n" .put_latency_us.p50)") / $(lat "$(j "$n" .put_latency_us.p99)") / $(lat "$(j "$n" .put_latency_us.p99_9)"),"
+            out="$out e2e $(lat "$(j "$n" '.e2e_latency_us.p99 // 0')");"
+        fi
+    done
+    echo "${out%;}"
+}
+s11_baseline() {
+    if skipped s11-latency-vs-load; then echo "-"; return; fi
+    echo "closed loop $(fmt "$(j s11-latency-vs-load .closed_loop_messages_per_sec)") msg/s" \
+        "($(j s11-latency-vs-load .closed_loop_from), same run)"
+}
+s11_ratio() {
+    # put p99 and p99.9 at 90% over the same at 10%.
+    if failed s11-10 || failed s11-90 || [ "$(j s11-90 '.put_latency_us == null')" = true ]; then echo "-"; return; fi
+    echo "put p99 at 90% / at 10%: $(ratio "$(j s11-90 .put_latency_us.p99)" "$(j s11-10 '[.put_latency_us.p99, 0.001] | max')");" \
+        "p99.9: $(ratio "$(j s11-90 .put_latency_us.p99_9)" "$(j s11-10 '[.put_latency_us.p99_9, 0.001] | max')")"
+}
 {
     echo "# coremq benchmark results"
     echo
@@ -614,6 +749,8 @@ s10_ratio() {
     else
         row "10. the node, 1 KiB (load generator on the same machine)" "$(s10_result)" "$(s10_baseline)" "$(s10_ratio)"
     fi
+    scenario s11-latency-vs-load "11. latency vs load (async 1 KiB, tailing consumers)" \
+        "$(s11_baseline)" s11_result s11_ratio
     echo
     echo "MB = 10^6 bytes. MB/s counts message bodies (\"log\": CommitLog bytes with record headers and properties)."
     echo "Latencies are from the send time (the intended one under a target rate) and come from HDR histograms;"
@@ -628,6 +765,8 @@ s10_ratio() {
     echo "lateness is a delivered record's store timestamp minus its TIMER_OUT_MS (ms)."
     echo "Node: CPU per message is the node process's user + system time over the run (/proc/<pid>/stat)"
     echo "divided by the messages acknowledged; the load generator runs on the same CPUs; goals from issue 20."
+    echo "Latency vs load: open-loop runs offered a share of the closed-loop rate (scenario 1's, this run);"
+    echo "curves in $(basename "$detail")/s11-latency-vs-load.svg."
     echo "Per-scenario JSON, SVG latency curves and logs: $(basename "$detail")/."
 } >"$out/bench-results.md"
 
@@ -657,6 +796,7 @@ jq -n \
     --slurpfile s10s "$detail/s10-single.json" --slurpfile s10b "$detail/s10-batch.json" \
     --slurpfile s10o "$detail/s10-one.json" --slurpfile s10p "$detail/s10-pull.json" \
     --slurpfile s10idle "$detail/s10-idle.json" --slurpfile s10r1k "$detail/s10-rate1k.json" \
+    --slurpfile s11 "$detail/s11-latency-vs-load.json" \
     '{
         machine: $machine, date: $date, quick: ($quick == 1),
         fio: {
@@ -711,7 +851,8 @@ jq -n \
                     | if . == null then null else . / ([$s10echo[0].send_latency_us.p50 // 0, 1] | max) end),
                 pull_ratio_to_catch_up: (($s10p[0].read_back_per_sec // null)
                     | if . == null then null else . / ([$s10c[0].messages_per_sec // 0, 1] | max) end)
-            }
+            },
+            "11_latency_vs_load": $s11[0]
         }
     }' >"$out/bench-results.json"
 
