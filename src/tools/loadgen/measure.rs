@@ -39,6 +39,18 @@ pub(super) fn process_usage() -> (f64, u64) {
     )
 }
 
+/// `VmRSS` and `VmHWM` of this process in bytes (0 when unknown).
+pub(super) fn memory_status() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
 /// The CPUs this process may run on, ascending.
 pub fn allowed_cpus() -> Vec<usize> {
     crate::shard::wait::allowed_cpus()
@@ -50,4 +62,13 @@ pub(super) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod memory_tests {
+    #[test]
+    fn memory_status_reads_this_process() {
+        let (rss, hwm) = super::memory_status();
+        assert!(rss > 0 && hwm >= rss, "{rss} {hwm}");
+    }
 }
