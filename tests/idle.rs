@@ -61,3 +61,67 @@ fn an_idle_store_wakes_its_executor_rarely() {
         );
     }
 }
+
+/// CPU time of the calling thread, in seconds.
+fn thread_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut ru), 0);
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// A timer with a message pending far ahead, and a manifest already saved, sleeps
+/// until that message or a new one: it does not wake at every save interval to find
+/// nothing to save (it once spun there, its wait computed from another scan offset
+/// than its save).
+#[test]
+fn a_timer_with_a_far_message_pending_stays_asleep() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    common::run(move || async move {
+        let mut cfg = StoreConfig::new(&root);
+        cfg.schedule.timer_save_interval = Duration::from_millis(20);
+        let store = Store::open(cfg).await.unwrap();
+        coremq::schedule::start(coremq::schedule::Solo(store.clone())).unwrap();
+        let m = Message::new("Idle", 0, vec![7u8; 64]).with_property("TIMER_DELAY_SEC", "5");
+        assert_eq!(store.put(m).await.status, PutStatus::PutOk);
+        // The timer reads it and saves its manifest (every 20 ms here) first.
+        glommio::timer::sleep(Duration::from_secs(1)).await;
+        let window = Duration::from_secs(2);
+        let before = thread_cpu_seconds();
+        let wakes_before = voluntary_switches();
+        glommio::timer::sleep(window).await;
+        let cpu = thread_cpu_seconds() - before;
+        let wakes = voluntary_switches() - wakes_before;
+        tx.send((
+            cpu / window.as_secs_f64(),
+            wakes as f64 / window.as_secs_f64(),
+        ))
+        .unwrap();
+        store.shutdown().await.unwrap();
+    });
+    // The executor's thread ends with the store. (Before the fix it lived on until the
+    // message's due time, 5 s: 7 s in all against 3 s.)
+    let took = started.elapsed();
+    let (share, wakes) = rx.recv().unwrap();
+    assert!(
+        took < Duration::from_millis(4500),
+        "the executor thread ended after {took:?}"
+    );
+    eprintln!(
+        "a timer with a far message pending: {:.1}% of a core, {wakes:.1} wakes/s",
+        share * 100.0
+    );
+    assert!(
+        share < 0.05,
+        "the executor used {:.1}% of a core",
+        share * 100.0
+    );
+    assert!(wakes < 30.0, "the executor woke {wakes:.1} times a second");
+}

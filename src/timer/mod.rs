@@ -282,15 +282,21 @@ impl<H: Host> Timer<H> {
         Ok(())
     }
 
-    /// Saves the manifest (after making every delivery durable).
-    async fn save(&mut self) -> crate::Result<()> {
-        let scan = self
-            .pending
+    /// The scan offset a save writes: the next entry to read, lowered to the smallest
+    /// entry held in memory or in `ready` (those are in no run).
+    fn save_scan(&self) -> u64 {
+        self.pending
             .memory_min_offset()
             .into_iter()
             .chain(self.ready.iter().map(|(e, _)| e.offset))
-            .fold(self.scan, u64::min);
+            .fold(self.scan, u64::min)
+    }
+
+    /// Saves the manifest (after making every delivery durable).
+    async fn save(&mut self) -> crate::Result<()> {
+        let scan = self.save_scan();
         if !self.pending.needs_save(scan) {
+            self.last_save = Instant::now();
             return Ok(());
         }
         self.deliverer
@@ -347,7 +353,7 @@ impl<H: Host> Timer<H> {
                 self.deliver_due(horizon, stop).await
             }
             first => {
-                let save_in = if self.pending.needs_save(self.scan) {
+                let save_in = if self.pending.needs_save(self.save_scan()) {
                     self.save_every.saturating_sub(self.last_save.elapsed())
                 } else {
                     Duration::MAX
