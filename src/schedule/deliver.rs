@@ -99,21 +99,10 @@ impl<H: Host> Deliverer<H> {
     /// elsewhere, and (for another shard) the scheduled record ending at `record_end`
     /// are made durable, so no later delivery can outlive them (module docs).
     async fn before(&mut self, target: usize, record_end: u64) -> Result<(), String> {
-        let here = self.host.shard();
-        if let Some((shard, end)) = self.unflushed
-            && shard != target
-        {
-            if shard == here {
-                self.local_durable(end).await?;
-            } else {
-                self.host
-                    .flush(shard)
-                    .await
-                    .map_err(|e| format!("flush of shard {shard} failed: {e}"))?;
-            }
-            self.unflushed = None;
+        if self.unflushed.is_some_and(|(shard, _)| shard != target) {
+            self.settle().await?;
         }
-        if target != here {
+        if target != self.host.shard() {
             self.local_durable(record_end).await?;
         }
         Ok(())
