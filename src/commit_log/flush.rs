@@ -38,13 +38,19 @@ impl CommitLog {
     /// waits for its last write before it ends.
     pub async fn run_writer(self: Rc<Self>) {
         use glommio::{Latency, Shares, executor};
+        // Its helper tasks are held as join handles, not tasks: an executor torn down
+        // while this task still waits (a store dropped without shutdown) drops them
+        // without cancelling, which needs the executor (a `Task` aborted the process
+        // there: "cannot access a scoped thread local variable").
         let prewriter = if self.cfg.prewrite_bytes() > 0 {
             let tq = executor().create_task_queue(
                 Shares::Static(100),
                 Latency::NotImportant,
                 "commit-log-prewrite",
             );
-            glommio::spawn_local_into(self.clone().run_prewriter(), tq).ok()
+            glommio::spawn_local_into(self.clone().run_prewriter(), tq)
+                .ok()
+                .map(|t| t.detach())
         } else {
             None
         };
@@ -54,7 +60,9 @@ impl CommitLog {
                 Latency::NotImportant,
                 "commit-log-spare-zeroer",
             );
-            glommio::spawn_local_into(self.clone().run_spare_zeroer(), tq).ok()
+            glommio::spawn_local_into(self.clone().run_spare_zeroer(), tq)
+                .ok()
+                .map(|t| t.detach())
         } else {
             None
         };
@@ -64,7 +72,9 @@ impl CommitLog {
                 Latency::NotImportant,
                 "commit-log-flush-mark",
             );
-            glommio::spawn_local_into(self.clone().run_flush_mark(), tq).ok()
+            glommio::spawn_local_into(self.clone().run_flush_mark(), tq)
+                .ok()
+                .map(|t| t.detach())
         } else {
             None
         };
