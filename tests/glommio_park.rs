@@ -204,3 +204,73 @@ fn stay_awake_until_keeps_the_executor_from_sleeping() {
         );
     });
 }
+
+/// `(k)`: the preempt timer still preempts. Patch k submits the next preempt timer
+/// with the cancellation of the last one (and re-arms it should it fire before the
+/// executor's sweep consumed it); a timer lost on the way would leave a busy task
+/// that yields only when `yield_if_needed` says so running for ever, and the other
+/// queue's task never running. Each round: queue A's task spins until queue B's task
+/// has run; B's task must get the CPU through A's preemption alone (no I/O, no
+/// timers). Preempt timers from 1 ns (fires at once: the re-arm path) to 2 ms.
+#[test]
+fn a_busy_task_queue_is_preempted_by_its_timer() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    const ROUNDS: u64 = 50;
+    for preempt in [
+        Duration::from_nanos(1),
+        Duration::from_micros(20),
+        Duration::from_micros(200),
+        Duration::from_millis(2),
+    ] {
+        let rounds = watched("preempt-test", move |progress| {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .preempt_timer(preempt)
+                .make()
+                .expect("make executor");
+            ex.run(async move {
+                let ex = glommio::executor();
+                let shares = glommio::Shares::Static(1000);
+                let a = ex.create_task_queue(shares.clone(), glommio::Latency::NotImportant, "a");
+                let b = ex.create_task_queue(shares, glommio::Latency::NotImportant, "b");
+                for _ in 0..ROUNDS {
+                    let b_ran = Rc::new(Cell::new(false));
+                    let seen = b_ran.clone();
+                    let started = Rc::new(Cell::new(false));
+                    let a_started = started.clone();
+                    let busy = glommio::spawn_local_into(
+                        async move {
+                            a_started.set(true);
+                            let mut yields = 0u64;
+                            while !seen.get() {
+                                // Some work, then the cooperative check a busy task makes.
+                                std::hint::black_box((0..200u64).sum::<u64>());
+                                // The flag stays set until the executor's next sweep,
+                                // so `yield_if_needed` yields exactly when it is seen here.
+                                if glommio::executor().need_preempt() {
+                                    yields += 1;
+                                    glommio::yield_if_needed().await;
+                                }
+                            }
+                            yields
+                        },
+                        a,
+                    )
+                    .expect("spawn on a");
+                    // Queue a's task gets the CPU first and keeps it until preempted:
+                    // only then does this (default-queue) task go on to start b's.
+                    while !started.get() {
+                        futures_lite::future::yield_now().await;
+                    }
+                    let other = glommio::spawn_local_into(async move { b_ran.set(true) }, b)
+                        .expect("spawn on b");
+                    other.await;
+                    let yields = busy.await;
+                    assert!(yields >= 1, "queue b ran without queue a being preempted");
+                    progress.send(()).expect("watchdog gone");
+                }
+            });
+        });
+        assert_eq!(rounds, ROUNDS, "preempt timer {preempt:?}");
+    }
+}

@@ -318,6 +318,7 @@ impl Source {
 impl Drop for Source {
     fn drop(&mut self) {
         let mut inner = self.inner.borrow_mut();
+        let timeout = matches!(inner.source_type, SourceType::Timeout(..)); // coremq patch k
         let enqueued = inner.enqueued.as_mut();
         if let Some(EnqueuedSource { id, queue, status }) = enqueued {
             match status {
@@ -336,7 +337,12 @@ impl Drop for Source {
                     // now, so we delay `consume_source` until we consume the
                     // corresponding event from the completion queue.
 
-                    queue.borrow_mut().cancel_request(*id);
+                    // coremq patch k: a timeout is removed with `IORING_OP_TIMEOUT_REMOVE`,
+                    // which goes straight to the ring's timeout list; `ASYNC_CANCEL` first
+                    // walks every io-wq worker of the ring (`io_wq_cancel_cb`), then the
+                    // poll table, before it finds the timeout. The executor cancels two
+                    // timeouts per loop (the preempt and throughput timers).
+                    queue.borrow_mut().cancel_request(*id, timeout);
                     *status = EnqueuedStatus::Canceled; // not necessary, but useful for correctness
                 }
                 EnqueuedStatus::Canceled => unreachable!(),

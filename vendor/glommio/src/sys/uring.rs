@@ -623,9 +623,15 @@ impl UringQueueState {
         self.submissions.is_empty() && self.cancellations.is_empty()
     }
 
-    pub(crate) fn cancel_request(&mut self, id: SourceId) {
+    pub(crate) fn cancel_request(&mut self, id: SourceId, timeout: bool) {
+        // coremq patch k: timeouts by `TIMEOUT_REMOVE` (see `Source`'s drop).
+        let args = if timeout {
+            UringOpDescriptor::TimeoutRemove(to_user_data(id))
+        } else {
+            UringOpDescriptor::Cancel(to_user_data(id))
+        };
         self.cancellations.push_back(UringDescriptor {
-            args: UringOpDescriptor::Cancel(to_user_data(id)),
+            args,
             fd: -1,
             flags: SubmissionFlags::empty(),
             user_data: 0,
@@ -1855,14 +1861,24 @@ impl Reactor {
         // to be removed otherwise we'll wake up when it expires.
         drop(self.latency_preemption_timeout_src.take());
 
-        // Schedule the throughput-based timeout immediately: it won't matter if we end
-        // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        // coremq patch k: the throughput timer (it fires once `ring_depth` main-ring
+        // completions were posted, and then writes the latency ring's eventfd) is
+        // re-armed only once it fired. 0.9.0 cancelled and re-armed it on every call:
+        // three SQEs and an `io_uring_enter` of the main ring each loop, busy or idle.
+        // Its count now runs from when it was armed, not from this loop.
+        let throughput = match self.throughput_preemption_timeout_src.take() {
+            Some(armed) if armed.result().is_none() => armed,
+            _ => main_ring
+                .prepare_throughput_preemption_timer(self.ring_depth() as u32, self.eventfd_src.raw()),
+        };
+        self.throughput_preemption_timeout_src.set(Some(throughput));
+
+        // coremq patch k: with a task queue still runnable (a preempt timer wanted)
+        // this call cannot sleep, so the next preempt timer goes to the kernel with
+        // the cancellation of the last one, in one `io_uring_enter` of the latency
+        // ring instead of two. The sleeping path is 0.9.0's (+ h).
+        let preempt = preempt_timer();
+        let early_preempt = preempt.map(|p| lat_ring.prepare_latency_preemption_timer(p));
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1874,7 +1890,7 @@ impl Reactor {
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // If we generated any event so far, we can't sleep. Need to handle them.
-        let should_sleep = preempt_timer().is_none()
+        let should_sleep = preempt.is_none()
             && (woke == 0)
             && poll_ring.can_sleep()
             && main_ring.can_sleep()
@@ -1916,7 +1932,21 @@ impl Reactor {
             }
         }
 
-        if let Some(preempt) = preempt_timer() {
+        if let Some(src) = early_preempt {
+            // coremq patch k: armed above. Should it have fired already and been
+            // consumed by the sweep after it was submitted, `need_preempt()` would
+            // not see it: arm another, as 0.9.0 arms its timer only after that sweep.
+            if src.result().is_some() {
+                drop(src);
+                if let Some(preempt) = preempt_timer() {
+                    self.latency_preemption_timeout_src
+                        .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+                }
+            } else {
+                self.latency_preemption_timeout_src.set(Some(src));
+            }
+            flush_rings!(lat_ring, main_ring)?;
+        } else if let Some(preempt) = preempt_timer() {
             self.latency_preemption_timeout_src
                 .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
             flush_rings!(lat_ring, main_ring)?;
