@@ -656,12 +656,14 @@ s10_result() {
 }
 s10_baseline() {
     echo "embedded put $(fmt "$(j s10-embedded .cpu_us_per_message)" 2) µs CPU/msg;" \
-        "echo p50 $(fmt "$(j s10-echo .send_latency_us.p50)") µs; embedded catch-up $(fmt "$(j s10-catch-up .messages_per_sec)") msg/s"
+        "echo p50 $(fmt "$(j s10-echo .send_latency_us.p50)") µs, echo server $(fmt "$(j s10-echo '.echo_server_cpu_us_per_message // 0')" 1) µs CPU/msg;" \
+        "embedded catch-up $(fmt "$(j s10-catch-up .messages_per_sec)") msg/s"
 }
 s10_ratio() {
     echo "CPU/msg $(ratio "$(j s10-single .node_cpu_us_per_message)" "$(j s10-embedded .cpu_us_per_message)") (single)," \
         "$(ratio "$(j s10-batch .node_cpu_us_per_message)" "$(j s10-embedded .cpu_us_per_message)") (batched) of embedded (goal <= 2);" \
         "p50 $(ratio "$(j s10-one .send_latency_us.p50)" "$(j s10-echo '[.send_latency_us.p50, 1] | max')") of echo (goal <= 2);" \
+        "one in flight CPU/msg $(ratio "$(j s10-one .node_cpu_us_per_message)" "$(j s10-echo '[.echo_server_cpu_us_per_message // 0, 0.001] | max')") of the echo server's;" \
         "pull $(ratio "$(j s10-pull '.read_back_per_sec // 0')" "$(j s10-catch-up '[.messages_per_sec, 1] | max')") of catch-up (goal >= 0.5)"
 }
 # lat US: a latency in µs, ms or s, 2 or 3 significant figures.

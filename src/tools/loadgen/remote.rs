@@ -455,6 +455,34 @@ fn process_cpu_seconds() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
+/// The echo server's connection threads: how many still run, and the CPU (user and
+/// system seconds, `RUSAGE_THREAD`) of those that ended. One side of a bare loopback
+/// round trip: the floor a node's CPU per message at one in flight is compared with.
+static ECHO_CPU: (Mutex<(usize, f64)>, std::sync::Condvar) =
+    (Mutex::new((0, 0.0)), std::sync::Condvar::new());
+
+/// The echo threads' CPU once every connection has closed (waits up to 2 s for the
+/// threads to see their connection end).
+fn echo_cpu_seconds() -> f64 {
+    let (lock, ended) = &ECHO_CPU;
+    let state = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let (state, _) = ended
+        .wait_timeout_while(state, Duration::from_secs(2), |(live, _)| *live > 0)
+        .unwrap_or_else(|e| e.into_inner());
+    state.1
+}
+
+/// User and system CPU the calling thread has used, in seconds.
+fn thread_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
 /// A loopback echo server (`--target echo`): a thread per connection writes back
 /// whatever it reads. Returns its address.
 fn echo_server() -> Result<String, String> {
@@ -463,6 +491,7 @@ fn echo_server() -> Result<String, String> {
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { break };
+            ECHO_CPU.0.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
             std::thread::spawn(move || {
                 let _ = s.set_nodelay(true);
                 let mut buf = vec![0u8; READ_BUF];
@@ -471,6 +500,10 @@ fn echo_server() -> Result<String, String> {
                         break;
                     }
                 }
+                let cpu = thread_cpu_seconds();
+                let mut state = ECHO_CPU.0.lock().unwrap_or_else(|e| e.into_inner());
+                *state = (state.0 - 1, state.1 + cpu);
+                ECHO_CPU.1.notify_all();
             });
         }
     });
@@ -631,6 +664,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_before;
+    let echo_cpu = if echo { echo_cpu_seconds() } else { 0.0 };
     let ok = sh.ok.load(Ordering::Relaxed);
     let failed = sh.failed.load(Ordering::Relaxed);
     let bytes = sh.bytes.load(Ordering::Relaxed);
@@ -654,6 +688,8 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         // This process's CPU (the echo server's too with `--target echo`).
         "client_cpu_seconds": cpu,
         "client_cpu_us_per_message": cpu * 1e6 / (ok.max(1)) as f64,
+        // With `--target echo`: the echo server's threads alone (one side of the round trip).
+        "echo_server_cpu_us_per_message": echo.then(|| echo_cpu * 1e6 / (ok.max(1)) as f64),
         "send_latency_us": {"p50": pct(50.0), "p99": pct(99.0), "p99.9": pct(99.9), "max": hist.max()},
         "target_kind": if echo { "loopback echo server" } else { "node" },
         "batch": cfg.batch,
