@@ -11,12 +11,13 @@
 //!   nearly every slot page is dirty at every flush (~20 MB per shard per second), and
 //!   a second copy (a `Vec`, then a DMA buffer in `File::write_aligned`) cost ~4% of
 //!   the CPU per message.
-//! * **A snapshot taken a run at a time**, consistent with the header the flush took
-//!   (copy-on-write in the page set for pages written meanwhile), with a yield between
-//!   runs once there are [`YIELDING_SNAPSHOT_RUNS`] or more: copying ~22 MB in one go
-//!   held the shard 3.7-5.3 ms once a second (put p99 2.9-4.7 ms at 250 k msg/s,
-//!   0.4-0.5 ms without the index). Small snapshots (an open's, a light load's) are
-//!   copied in one go: they take microseconds. (Published glommio 0.9.0 could park
+//! * **A snapshot taken [`COPY_CHUNK_PAGES`] at a time** (128 KiB), consistent with
+//!   the header the flush took (copy-on-write in the page set for pages written
+//!   meanwhile), with a yield after each chunk when there is more than one: copying
+//!   ~22 MB in one go held the shard 3.7-5.3 ms once a second (put p99 2.9-4.7 ms at
+//!   250 k msg/s, 0.4-0.5 ms without the index); a 1 MiB run at a time still made
+//!   the flush task's polls of over 250 us 76 in 6 s at 130 k msg/s (45.7 ms in all),
+//!   128 KiB chunks 30-37 (17-21 ms). (Published glommio 0.9.0 could park
 //!   with a yielded task runnable, and `tests/liveness.rs` hung in 2 of 5 runs with
 //!   yields here; the vendored glommio fixes that.)
 //! * **Whole-run buffers are reused** (at most a flush's worth): fresh ones cost a page
@@ -39,8 +40,9 @@ use super::{IndexService, P};
 
 /// Largest single write of a flush.
 const RUN_BYTES: usize = 1 << 20;
-/// A flush's snapshot of at least this many runs is copied with a yield between runs.
-const YIELDING_SNAPSHOT_RUNS: usize = 8;
+/// A flush's snapshot is copied this many pages at a time (128 KiB), with a yield
+/// after each when it has more.
+const COPY_CHUNK_PAGES: u64 = 32;
 /// Writes of one step in flight together.
 const WRITES_IN_FLIGHT: usize = 16;
 
@@ -70,11 +72,17 @@ impl IndexService {
             pages: &self.pages,
             spans: &spans,
         };
-        let yields = spans.len() >= YIELDING_SNAPSHOT_RUNS;
+        let pages: u64 = spans.iter().map(|&(_, n)| n).sum();
+        let yields = pages > COPY_CHUNK_PAGES;
         for (r, &(start, n)) in spans.iter().enumerate() {
-            self.pages.borrow_mut().copy_snapshot_run(r, start, n);
-            if yields {
-                futures_lite::future::yield_now().await;
+            let mut k = 0;
+            while k < n {
+                let m = (n - k).min(COPY_CHUNK_PAGES);
+                self.pages.borrow_mut().copy_snapshot_pages(r, start, k, m);
+                k += m;
+                if yields {
+                    futures_lite::future::yield_now().await;
+                }
             }
         }
         std::mem::forget(guard);

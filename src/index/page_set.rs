@@ -146,7 +146,7 @@ impl PageSet {
     }
 
     /// Starts a snapshot of the runs `spans` (first page, pages; every page present)
-    /// into `bufs`: each page is copied by `copy_snapshot_run` or, if written first,
+    /// into `bufs`: each page is copied by `copy_snapshot_pages` or, if written first,
     /// by `write`.
     pub(super) fn begin_snapshot(&mut self, spans: &[(u64, u64)], bufs: Vec<DmaBuffer>) {
         debug_assert!(self.snapshot.is_empty());
@@ -159,10 +159,11 @@ impl PageSet {
         self.snapshot = bufs;
     }
 
-    /// Copies the pages of snapshot run `r` not copied yet.
-    pub(super) fn copy_snapshot_run(&mut self, r: usize, start: u64, n: u64) {
+    /// Copies pages `from..from + n` of snapshot run `r` (which starts at page
+    /// `start`) into the run's buffer, those not already copied by a write meanwhile.
+    pub(super) fn copy_snapshot_pages(&mut self, r: usize, start: u64, from: u64, n: u64) {
         let buf = self.snapshot[r].as_bytes_mut();
-        for k in 0..n {
+        for k in from..from + n {
             let pg = self.pages[(start + k) as usize]
                 .as_deref_mut()
                 .expect("snapshot page present");
@@ -366,10 +367,10 @@ mod tests {
         s.begin_snapshot(&spans, bufs);
         // Written before its run is copied: the snapshot must get the old bytes.
         s.write(2 * P, &[9; 4]);
-        s.copy_snapshot_run(0, 0, 1);
+        s.copy_snapshot_pages(0, 0, 0, 1);
         // Written after its run was copied: no effect on the snapshot.
         s.write(0, &[7; 4]);
-        s.copy_snapshot_run(1, 1, 3);
+        s.copy_snapshot_pages(1, 1, 0, 3);
         s.write(3 * P, &[8; 4]);
         let snap = std::mem::take(&mut s.snapshot);
         assert_eq!(snap[0].as_bytes()[..8], [1; 8]);
@@ -397,7 +398,7 @@ mod tests {
                 glommio::allocate_dma_buffer_global(PAGE),
             ];
             s.begin_snapshot(&spans, bufs);
-            s.copy_snapshot_run(0, 1, 2);
+            s.copy_snapshot_pages(0, 1, 0, 2);
         }
         // As `flush_locked` takes them: not dirty while the snapshot is out.
         drop(SnapshotGuard {

@@ -258,6 +258,10 @@ pub struct LoadConfig {
     /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
     #[arg(long, value_name = "US")]
     pub spin_us: Option<u64>,
+    /// The shards' glommio preempt timer (`ShardedConfig::preempt_timer`): how long a
+    /// task queue may keep the CPU while another waits
+    #[arg(long, value_name = "US", default_value_t = super::PREEMPT_TIMER.as_micros() as u64)]
+    pub preempt_us: u64,
     /// The shards' stall detector threshold (`ShardedConfig::stall_threshold`); 0 turns
     /// it off
     #[arg(long, value_name = "MS", default_value_t = 10)]
@@ -441,6 +445,7 @@ impl LoadConfig {
             "spare_segments": self.spare_segments,
             "fill_segments": self.fill_segments,
             "spin_us": self.spin_us,
+            "preempt_us": self.preempt_us,
             "stall_ms": self.stall_ms,
             "slave": self.slave,
         })

@@ -106,7 +106,7 @@ use std::time::Duration;
 /// How long a task queue may run while another one waits (glommio's default is
 /// 100 ms). With 100 ms the producers kept the CommitLog writer off the CPU for tens of
 /// milliseconds at a time and put latency's tail was 60-90 ms; 5 ms measured best (1 ms
-/// cost throughput and raised p99.9).
+/// cost throughput and raised p99.9). `--preempt-us` overrides it.
 pub const PREEMPT_TIMER: Duration = Duration::from_millis(5);
 
 /// Opens the sharded store of a run (recovering it when it exists).
@@ -121,7 +121,7 @@ fn open_store(
     sc.pin = true;
     sc.store = template;
     sc.spin_before_park = cfg.spin_us.map(Duration::from_micros);
-    sc.preempt_timer = Some(PREEMPT_TIMER);
+    sc.preempt_timer = Some(Duration::from_micros(cfg.preempt_us.max(1)));
     sc.stall_threshold = (cfg.stall_ms > 0).then(|| Duration::from_millis(cfg.stall_ms));
     ShardedStore::open(sc).map_err(|e| format!("cannot open the store in {}: {e}", root.display()))
 }
