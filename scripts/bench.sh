@@ -27,8 +27,10 @@
 #        (4 connections x 64 outstanding), batched sends (32 per SEND_BATCH_MESSAGE),
 #        one send in flight, and a pull read-back (32 per request), with the node's
 #        CPU per message (from /proc/<pid>/stat) next to the embedded put's CPU per
-#        message, a loopback TCP echo round trip and the embedded catch-up rate, all
-#        measured in the same run;
+#        message, a loopback TCP echo round trip (and its server's CPU per round
+#        trip) and the embedded catch-up rate, all measured in the same run; and the
+#        node's CPU per message at 1k, 3k, 10k, 30k and 100k msg/s offered
+#        (bench-results/s10-cpu-vs-rate.svg);
 #   11   latency against load (issue 23): scenario 4's open loop (async 1 KiB puts,
 #        tailing consumers) at 10, 25, 50, 75 and 90% of scenario 1's closed-loop rate
 #        (without scenario 1, a closed-loop run of its own first), one run per point:
@@ -349,7 +351,10 @@ remote_run() {
         mv "$detail/$name.json.tmp" "$detail/$name.json"
     fi
 }
-s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-batch s10-one s10-pull"
+# CPU against load (issue 22): the node's CPU per message at these offered rates, one
+# curve (s10-cpu-vs-rate.{json,svg}); it should fall, never rise, as the rate grows.
+s10_rates=(1000 3000 10000 30000 100000)
+s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
 if want 10; then
     run s10-embedded "embedded async puts, 1 KiB, 8 queues" \
         --duration "$secs" --body 1024 --queues 8
@@ -391,8 +396,56 @@ if want 10; then
     remote_run s10-pull "node: pull read-back, 32 per request" "127.0.0.1:$port" \
         --messages "$s10_msgs" --body 1024 --queues 8 --topics 2 --producers 4 \
         --outstanding 64 --consumers
+    for r in "${s10_rates[@]}"; do
+        remote_run "s10-rate-$r" "node: $r msg/s offered, 1 KiB, 4 x 64 outstanding" "127.0.0.1:$port" \
+            --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64 --rate "$r"
+    done
     stop_node
     rm -rf "${work:?}/s10-node"
+    s10_files=()
+    for r in "${s10_rates[@]}"; do s10_files+=("$detail/s10-rate-$r.json"); done
+    jq -s --argjson rates "$(printf '%s\n' "${s10_rates[@]}" | jq -s .)" \
+        '[range(0; length) as $i | .[$i] as $r | {offered_per_sec: $rates[$i],
+            achieved_per_sec: $r.messages_per_sec, ok: ($r.ok // false),
+            node_cpu_us_per_message: $r.node_cpu_us_per_message,
+            node_core_share: (($r.node_cpu_seconds // 0) / ([$r.seconds // 0, 0.001] | max)),
+            client_cpu_us_per_message: $r.client_cpu_us_per_message,
+            send_latency_us: $r.send_latency_us}] as $points
+        | [$points[] | .node_cpu_us_per_message | select(. != null)] as $c
+        | {label: "node CPU per message against offered load", ok: all($points[]; .ok),
+           failed: all($points[]; .ok | not),
+           falls_as_load_grows: ([range(1; $c | length) | $c[.] <= $c[. - 1]] | all),
+           points: $points}' "${s10_files[@]}" >"$detail/s10-cpu-vs-rate.json"
+    # The curve: node CPU µs per message (log) against the offered rate (log).
+    jq -r '.points[] | select(.node_cpu_us_per_message != null)
+        | [.offered_per_sec, .node_cpu_us_per_message] | @tsv' "$detail/s10-cpu-vs-rate.json" |
+        awk -F'\t' -v title="coremq node: CPU per message against offered load (1 KiB sends)" '
+        function lg(v) { return log(v) / log(10) }
+        function x(r) { return left + (lg(r) - 3) / 2 * pw }
+        function y(v) { if (v < 0.1) v = 0.1; return top + ph - (lg(v) - lo) / (hi - lo) * ph }
+        { n++; r[n] = $1; c[n] = $2; if (max == "" || $2 > max) max = $2; if (min == "" || $2 < min) min = $2 }
+        END {
+            w = 760; h = 480; left = 80; right = 40; top = 50; bottom = 60; pw = w - left - right; ph = h - top - bottom
+            if (min == "") { min = 1; max = 100 }
+            lo = int(lg(min < 0.1 ? 0.1 : min)); if (10 ^ lo > min) lo--
+            hi = int(lg(max < 1 ? 1 : max)); if (10 ^ hi < max) hi++; if (hi <= lo) hi = lo + 1
+            printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n", w, h, w, h
+            printf "<rect width=\"%d\" height=\"%d\" fill=\"white\"/><text x=\"%.1f\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n", w, h, left + pw / 2, title
+            for (d = 3; d <= 5; d++)
+                printf "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s msg/s</text>\n", x(10 ^ d), top, x(10 ^ d), top + ph, x(10 ^ d), top + ph + 18, (d == 3 ? "1k" : d == 4 ? "10k" : "100k")
+            for (d = lo; d <= hi; d++)
+                printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s µs</text>\n", left, y(10 ^ d), left + pw, y(10 ^ d), left - 6, y(10 ^ d) + 4, 10 ^ d
+            printf "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">offered load</text>\n", left + pw / 2, h - 15
+            printf "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 18 %.1f)\">node CPU per message</text>\n", top + ph / 2, top + ph / 2
+            printf "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"black\"/>\n", left, top, pw, ph
+            pts = ""; dots = ""
+            for (i = 1; i <= n; i++) {
+                pts = pts sprintf("%.1f,%.1f ", x(r[i]), y(c[i]))
+                dots = dots sprintf("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#1f77b4\"/>", x(r[i]), y(c[i]))
+            }
+            if (pts != "") printf "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"%s\"/>%s\n", pts, dots
+            print "</svg>"
+        }' >"$detail/s10-cpu-vs-rate.svg"
 else
     # shellcheck disable=SC2086
     skip $s10_names
@@ -652,7 +705,9 @@ s10_result() {
         "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s;" \
         "idle $(fmt "$(j s10-idle '(.core_share // 0) * 100')" 2)% of a core; at 1,000 msg/s offered" \
         "$(fmt "$(j s10-rate1k '(.node_cpu_seconds // 0) * 100 / ([.seconds // 1, 0.001] | max)')" 1)% of a core," \
-        "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg"
+        "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg; CPU/msg against offered msg/s (4 x 64):" \
+        "$(jq -r '[.points[]? | "\(.offered_per_sec): \((.node_cpu_us_per_message // 0) * 10 | floor / 10)"] | join(", ")' "$detail/s10-cpu-vs-rate.json")" \
+        "(falls as load grows: $(j s10-cpu-vs-rate '.falls_as_load_grows | tostring'))"
 }
 s10_baseline() {
     echo "embedded put $(fmt "$(j s10-embedded .cpu_us_per_message)" 2) µs CPU/msg;" \
@@ -798,6 +853,7 @@ jq -n \
     --slurpfile s10s "$detail/s10-single.json" --slurpfile s10b "$detail/s10-batch.json" \
     --slurpfile s10o "$detail/s10-one.json" --slurpfile s10p "$detail/s10-pull.json" \
     --slurpfile s10idle "$detail/s10-idle.json" --slurpfile s10r1k "$detail/s10-rate1k.json" \
+    --slurpfile s10curve "$detail/s10-cpu-vs-rate.json" \
     --slurpfile s11 "$detail/s11-latency-vs-load.json" \
     '{
         machine: $machine, date: $date, quick: ($quick == 1),
@@ -844,7 +900,7 @@ jq -n \
             "10_node": {
                 embedded: $s10e[0], catch_up_write: $s10cw[0], catch_up: $s10c[0], echo: $s10echo[0],
                 single: $s10s[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
-                idle: $s10idle[0], rate_1k: $s10r1k[0],
+                idle: $s10idle[0], rate_1k: $s10r1k[0], cpu_vs_rate: $s10curve[0],
                 node_cpu_ratio_to_embedded_single: (($s10s[0].node_cpu_us_per_message // null)
                     | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
                 node_cpu_ratio_to_embedded_batch: (($s10b[0].node_cpu_us_per_message // null)
