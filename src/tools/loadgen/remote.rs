@@ -146,6 +146,16 @@ impl Shared {
     }
 }
 
+/// The topic (index) and queue of the send whose first message is number `first`:
+/// sends (a batch counts as one) go round the topics, then the queues. Numbering by
+/// message instead sent every 32-message batch to queue 0 of topic 0 whenever the
+/// batch size was a multiple of the queue count (scenario 10's batches and read-back).
+fn destination(first: u64, batch: u64, topics: u64, queues: u64) -> (u64, u64) {
+    let send = first / batch.max(1);
+    let topics = topics.max(1);
+    (send % topics, (send / topics) % queues.max(1))
+}
+
 /// A producer's requests, encoded into one reused buffer.
 struct Encoder {
     topics: Vec<String>,
@@ -161,9 +171,9 @@ impl Encoder {
     /// Appends the request for messages `first..first + n` (one send, or one batch
     /// to the first message's queue); returns the body bytes.
     fn push(&mut self, cfg: &LoadConfig, opaque: i32, first: u64, n: u64) -> u64 {
-        let topics = self.topics.len() as u64;
-        let topic = &self.topics[(first % topics) as usize];
-        let queue = ((first / topics) % self.queues) as i64;
+        let (t, queue) = destination(first, self.batch, self.topics.len() as u64, self.queues);
+        let topic = &self.topics[t as usize];
+        let queue = queue as i64;
         let batch = self.batch > 1;
         let mut body_bytes = 0u64;
         let mut wire_len = 0usize;
@@ -719,4 +729,26 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
     // Read back counts every message stored in the bench topics, earlier runs too.
     let good = failed == 0 && errors.is_empty() && read.is_none_or(|n| n >= ok);
     Ok((report, good))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::destination;
+    use std::collections::HashSet;
+
+    #[test]
+    fn sends_and_batches_go_round_every_topic_and_queue() {
+        for (batch, topics, queues) in [(1, 1, 8), (32, 1, 8), (32, 2, 8), (4, 3, 4), (1, 2, 8)] {
+            let seen: HashSet<(u64, u64)> = (0..topics * queues)
+                .map(|send| destination(send * batch, batch, topics, queues))
+                .collect();
+            assert_eq!(
+                seen.len() as u64,
+                topics * queues,
+                "batch {batch}, {topics} topics, {queues} queues: {seen:?}"
+            );
+        }
+        // Single sends keep the numbering they always had.
+        assert_eq!(destination(5, 1, 2, 8), (1, 2));
+    }
 }
