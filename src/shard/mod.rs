@@ -38,5 +38,7 @@ pub use handle::Handle;
 pub use meta::META_FORMAT_VERSION;
 pub use ops::{Route, ShardStatus, StatsReport, StoreOps};
 pub use ownership::{MAX_SHARDS, Ownership, SHARD_SHIFT, shard_of, shard_of_offset};
-pub use sharded_store::{DEFAULT_AWAKE_WINDOW, DEFAULT_REPLY_SPIN, ShardedConfig, ShardedStore};
+pub use sharded_store::{
+    DEFAULT_AWAKE_WINDOW, DEFAULT_PREEMPT_TIMER, DEFAULT_REPLY_SPIN, ShardedConfig, ShardedStore,
+};
 pub use wait::block_on;
