@@ -12,10 +12,13 @@
 //!
 //! `cargo bench --bench routing` for full counts; `cargo test --benches` runs it tiny.
 
+// The load generator's baseline too (`coremq bench --via handle`); included by path so
+// this bench needs no feature.
+#[path = "../src/tools/loadgen/bare.rs"]
+mod bare;
+
 use coremq::block_on;
 use coremq::{Message, ShardedConfig, ShardedStore, StoreConfig, StoreOps};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -32,43 +35,6 @@ fn report(name: &str, mut samples: Vec<Duration>) {
         p50.as_secs_f64() * 1e6,
         p99.as_secs_f64() * 1e6
     );
-}
-
-/// Round trips between two plain threads: `park`/`unpark` (futex) or spinning.
-fn bare_threads(rounds: usize, spin: bool) -> Vec<Duration> {
-    let turn = Arc::new(AtomicU64::new(0));
-    let main = std::thread::current();
-    let t2 = turn.clone();
-    let peer = std::thread::spawn(move || {
-        for i in 0..rounds as u64 {
-            while t2.load(Ordering::Acquire) != 2 * i + 1 {
-                if spin {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::park();
-                }
-            }
-            t2.store(2 * i + 2, Ordering::Release);
-            main.unpark();
-        }
-    });
-    let peer_thread = peer.thread().clone();
-    let mut v = Vec::with_capacity(rounds);
-    for i in 0..rounds as u64 {
-        let t = Instant::now();
-        turn.store(2 * i + 1, Ordering::Release);
-        peer_thread.unpark();
-        while turn.load(Ordering::Acquire) != 2 * i + 2 {
-            if spin {
-                std::hint::spin_loop();
-            } else {
-                std::thread::park();
-            }
-        }
-        v.push(t.elapsed());
-    }
-    peer.join().unwrap();
-    v
 }
 
 /// Round trips from this thread to a task on a glommio executor pinned to `cpu`,
@@ -101,11 +67,11 @@ fn bare_glommio(rounds: usize, cpu: usize) -> Vec<Duration> {
 fn baselines(rounds: usize) {
     report(
         "bare: thread park/unpark round trip",
-        bare_threads(rounds, false),
+        bare::thread_round_trips(rounds, false),
     );
     report(
         "bare: two spinning threads round trip",
-        bare_threads(rounds, true),
+        bare::thread_round_trips(rounds, true),
     );
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     for cpu in 0..cpus.min(2) {

@@ -74,6 +74,7 @@
 //! * The machine may be shared: the JSON report records the load average before the
 //!   run. Profiles, dated runs and what they found: `docs/performance/loadgen.md`.
 
+mod bare;
 mod catch_up;
 mod config;
 mod consume;

@@ -67,6 +67,9 @@ pub struct Report {
     pub peak_rss_bytes: u64,
     /// `/proc/loadavg` before the run: other load on the machine skews the numbers.
     pub load_before: String,
+    /// `--via handle`: a bare cross-thread round trip (futex) measured just before the
+    /// run, p50 and p99 in microseconds.
+    pub bare_wakeup: Option<(f64, f64)>,
 }
 
 /// The percentiles reported, with their JSON names.
@@ -186,6 +189,10 @@ impl Report {
                 0.0
             },
             "peak_rss_bytes": self.peak_rss_bytes,
+            "bare_wakeup_us": self.bare_wakeup.map(|(p50, p99)| json!({"p50": p50, "p99": p99})),
+            "put_p50_ratio_to_bare_wakeup": self.bare_wakeup.map(|(p50, _)| {
+                self.put_latency.value_at_quantile(0.5) as f64 / 1e3 / p50.max(1e-3)
+            }),
             "data_dir": self.data_dir.display().to_string(),
             "kept": self.kept,
         })
@@ -249,6 +256,15 @@ impl Report {
             "  dispatch    lagged up to {:.1} MB behind puts (records not yet visible to gets)",
             self.max_dispatch_lag_bytes as f64 / 1e6
         );
+        if let Some((p50, p99)) = self.bare_wakeup {
+            let put_p50 = self.put_latency.value_at_quantile(0.5) as f64 / 1e3;
+            let _ = writeln!(
+                s,
+                "  baseline    bare thread wake-up round trip p50 {p50:.1} us, p99 {p99:.1} us \
+                 (put p50 {:.2}x it)",
+                put_p50 / p50.max(1e-3)
+            );
+        }
         if c.consumers {
             let _ = writeln!(
                 s,

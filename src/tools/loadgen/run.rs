@@ -37,6 +37,9 @@ where
         .collect()
 }
 
+/// Round trips of the bare wake-up baseline (`--via handle`): ~1 s at ~50 us each.
+const BARE_ROUNDS: usize = 20_000;
+
 /// Runs the load described by `cfg` and returns what it measured. Prints a progress
 /// line on stderr once a second unless `cfg.quiet`.
 pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
@@ -44,6 +47,15 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
     let shards = cfg.shard_count();
     let _ = now_ns(); // start the shared clock before any shard reads it
     let load_before = load_average();
+    // Through the handle: a bare cross-thread wake-up of this machine first, the
+    // baseline its put latency is read against (before the store opens, so neither
+    // disturbs the other).
+    let bare_wakeup = (cfg.via == Via::Handle).then(|| {
+        let mut v = super::bare::thread_round_trips(BARE_ROUNDS, false);
+        v.sort();
+        let at = |p: f64| v[((v.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
+        (at(0.50), at(0.99))
+    });
     let (data_dir, kept) = match &cfg.data_dir {
         Some(d) => (d.clone(), true),
         None => {
@@ -167,6 +179,7 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
             .unwrap_or(0),
         peak_rss_bytes,
         load_before,
+        bare_wakeup,
     };
     merge(&mut report, shard_results, outside_results)?;
     Ok(report)
