@@ -72,8 +72,8 @@ impl IndexService {
             pages: &self.pages,
             spans: &spans,
         };
-        let pages: u64 = spans.iter().map(|&(_, n)| n).sum();
-        let yields = pages > COPY_CHUNK_PAGES;
+        let snapshot_pages: u64 = spans.iter().map(|&(_, n)| n).sum();
+        let yields = snapshot_pages > COPY_CHUNK_PAGES;
         for (r, &(start, n)) in spans.iter().enumerate() {
             let mut k = 0;
             while k < n {

@@ -22,21 +22,31 @@ pub(super) fn wall_ms(ns: u64) -> i64 {
     clock_base().1 + (ns / 1_000_000) as i64
 }
 
+/// `getrusage(who)`, or `None` when it fails.
+fn rusage(who: libc::c_int) -> Option<libc::rusage> {
+    // SAFETY: getrusage only writes the struct it is given.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(who, &mut ru) == 0).then_some(ru)
+    }
+}
+
+/// User + system CPU of a `rusage`, in seconds.
+fn cpu_seconds(ru: &libc::rusage) -> f64 {
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
 /// The process's CPU time (user + system) in seconds and its peak RSS in bytes.
 pub(super) fn process_usage() -> (f64, u64) {
-    // SAFETY: getrusage only writes the struct it is given.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
-            return (0.0, 0);
-        }
-        ru
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (
-        secs(ru.ru_utime) + secs(ru.ru_stime),
-        ru.ru_maxrss as u64 * 1024,
-    )
+    rusage(libc::RUSAGE_SELF).map_or((0.0, 0), |ru| {
+        (cpu_seconds(&ru), ru.ru_maxrss as u64 * 1024)
+    })
+}
+
+/// The calling thread's CPU time (user + system) in seconds.
+pub(super) fn thread_cpu_seconds() -> f64 {
+    rusage(libc::RUSAGE_THREAD).map_or(0.0, |ru| cpu_seconds(&ru))
 }
 
 /// `VmRSS` and `VmHWM` of this process in bytes (0 when unknown).

@@ -104,10 +104,9 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// How long a task queue may run while another one waits: the store's default
-/// (glommio's own is 100 ms). With 100 ms the producers kept the CommitLog writer off
-/// the CPU for tens of milliseconds at a time and put latency's tail was 60-90 ms; 5 ms
-/// measured best (1 ms cost throughput and raised p99.9). `--preempt-us` overrides it.
+/// The shards' preempt timer in a run unless `--preempt-us` says otherwise: the
+/// store's default, [`crate::shard::DEFAULT_PREEMPT_TIMER`] (measured here: 100 ms let
+/// the producers keep the CommitLog writer off the CPU for tens of milliseconds).
 pub const PREEMPT_TIMER: Duration = crate::shard::DEFAULT_PREEMPT_TIMER;
 
 /// Opens the sharded store of a run (recovering it when it exists).

@@ -454,17 +454,6 @@ fn code_and_opaque(frame: &[u8]) -> Option<(i32, i32)> {
     }
 }
 
-/// User and system CPU this process has used, in seconds.
-fn process_cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0.0;
-    }
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
 /// The echo server's connection threads: how many still run, and the CPU (user and
 /// system seconds, `RUSAGE_THREAD`) of those that ended. One side of a bare loopback
 /// round trip: the floor a node's CPU per message at one in flight is compared with.
@@ -480,17 +469,6 @@ fn echo_cpu_seconds() -> f64 {
         .wait_timeout_while(state, Duration::from_secs(2), |(live, _)| *live > 0)
         .unwrap_or_else(|e| e.into_inner());
     state.1
-}
-
-/// User and system CPU the calling thread has used, in seconds.
-fn thread_cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
-        return 0.0;
-    }
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
 }
 
 /// A loopback echo server (`--target echo`): a thread per connection writes back
@@ -510,7 +488,7 @@ fn echo_server() -> Result<String, String> {
                         break;
                     }
                 }
-                let cpu = thread_cpu_seconds();
+                let cpu = super::measure::thread_cpu_seconds();
                 let mut state = ECHO_CPU.0.lock().unwrap_or_else(|e| e.into_inner());
                 *state = (state.0 - 1, state.1 + cpu);
                 ECHO_CPU.1.notify_all();
@@ -640,7 +618,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         }
     }
     let started = Instant::now();
-    let cpu_before = process_cpu_seconds();
+    let cpu_before = super::measure::process_usage().0;
     let sh = Arc::new(Shared {
         next: AtomicU64::new(0),
         limit: cfg.messages,
@@ -673,7 +651,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = process_cpu_seconds() - cpu_before;
+    let cpu = super::measure::process_usage().0 - cpu_before;
     let echo_cpu = if echo { echo_cpu_seconds() } else { 0.0 };
     let ok = sh.ok.load(Ordering::Relaxed);
     let failed = sh.failed.load(Ordering::Relaxed);
