@@ -147,6 +147,13 @@ pub struct StoreConfig {
     pub read_cache_readahead_blocks: usize,
     /// How a sync-flush round reaches the disk (see [`SyncFlushIo`]).
     pub sync_flush_io: SyncFlushIo,
+    /// The longest turn a background task queue of the shard (dispatch, the queue and
+    /// index flusher, the clean service, the async-mode writer, delivery of delayed
+    /// messages) takes on its executor while it keeps finding work: then the executor
+    /// polls I/O and timers and runs the other queues first. `Duration::ZERO`: no
+    /// bound (a turn lasts until the executor's preempt timer, 5 ms by default). See
+    /// `crate::shard::turns`.
+    pub background_turn: Duration,
     /// Zero-fill the commit log this far ahead of the write position, in the
     /// background (RocketMQ's `warmMapedFileEnable`), so sync-flush writes land in
     /// blocks already written: a write into a sparse or preallocated block makes its
@@ -535,6 +542,7 @@ impl StoreConfig {
             read_cache_inflight: 8,
             read_cache_readahead_blocks: 16,
             sync_flush_io: SyncFlushIo::DsyncWrite,
+            background_turn: crate::shard::turns::DEFAULT_BACKGROUND_TURN,
             commit_log_prewrite_bytes: None,
             commit_log_spare_segments: 0,
             ha: HaConfig::default(),

@@ -274,3 +274,63 @@ fn a_busy_task_queue_is_preempted_by_its_timer() {
         assert_eq!(rounds, ROUNDS, "preempt timer {preempt:?}");
     }
 }
+
+/// `(l)`: a task queue whose turns are bounded (`bound_task_queue_turns`) gives the
+/// executor back at its yields once a turn has lasted the bound, and the executor
+/// then polls its timers: a 1 ms timer fires while a background task keeps yielding,
+/// with a preempt timer (60 s) that never fires meanwhile. Both ways a busy task
+/// yields are covered: unconditionally (`yield_now`) and when asked
+/// (`yield_if_needed`, whose `need_preempt` now answers "the turn is over"). Without
+/// the bound the timer does not fire before the task gives up after 20 s, and the
+/// watchdog fails the test after 5 s (checked).
+#[test]
+fn a_bounded_task_queue_lets_timers_fire_between_its_turns() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    for unconditional in [true, false] {
+        let rounds = watched("bounded-turns", move |progress| {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .preempt_timer(Duration::from_secs(60))
+                .make()
+                .expect("make executor");
+            ex.run(async move {
+                let ex = glommio::executor();
+                let shares = glommio::Shares::Static(100);
+                let bg = ex.create_task_queue(shares, glommio::Latency::NotImportant, "bg");
+                ex.bound_task_queue_turns(bg, Some(Duration::from_micros(200)))
+                    .expect("bound the queue's turns");
+                for _ in 0..3 {
+                    let fired = Rc::new(Cell::new(false));
+                    let seen = fired.clone();
+                    let busy = glommio::spawn_local_into(
+                        async move {
+                            let start = Instant::now();
+                            while !seen.get() && start.elapsed() < Duration::from_secs(20) {
+                                std::hint::black_box((0..200u64).sum::<u64>());
+                                if unconditional {
+                                    futures_lite::future::yield_now().await;
+                                } else {
+                                    glommio::yield_if_needed().await;
+                                }
+                            }
+                            seen.get()
+                        },
+                        bg,
+                    )
+                    .expect("spawn on bg");
+                    let timer = glommio::spawn_local(async move {
+                        glommio::timer::sleep(Duration::from_millis(1)).await;
+                        fired.set(true);
+                    });
+                    assert!(
+                        busy.await,
+                        "the timer did not fire while the bounded queue ran"
+                    );
+                    timer.await;
+                    progress.send(()).expect("watchdog gone");
+                }
+            });
+        });
+        assert_eq!(rounds, 3, "unconditional yields: {unconditional}");
+    }
+}

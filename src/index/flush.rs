@@ -11,17 +11,21 @@
 //!   nearly every slot page is dirty at every flush (~20 MB per shard per second), and
 //!   a second copy (a `Vec`, then a DMA buffer in `File::write_aligned`) cost ~4% of
 //!   the CPU per message.
-//! * **A snapshot taken [`COPY_CHUNK_PAGES`] at a time** (128 KiB), consistent with
+//! * **A snapshot taken [`COPY_CHUNK_PAGES`] at a time** (64 KiB), consistent with
 //!   the header the flush took (copy-on-write in the page set for pages written
 //!   meanwhile), with a yield after each chunk when there is more than one: copying
 //!   ~22 MB in one go held the shard 3.7-5.3 ms once a second (put p99 2.9-4.7 ms at
 //!   250 k msg/s, 0.4-0.5 ms without the index); a 1 MiB run at a time still made
 //!   the flush task's polls of over 250 us 76 in 6 s at 130 k msg/s (45.7 ms in all),
-//!   128 KiB chunks 30-37 (17-21 ms). (Published glommio 0.9.0 could park
-//!   with a yielded task runnable, and `tests/liveness.rs` hung in 2 of 5 runs with
-//!   yields here; the vendored glommio fixes that.)
+//!   128 KiB chunks 30-37 (17-21 ms). Those yields only end the flush's turn since its
+//!   task queue's turns are bounded (`crate::shard::turns`): before, the chunks ran
+//!   back to back in 5 ms turns (the preempt timer), put p99.9 5.2 ms at 60 k msg/s.
+//!   A 128 KiB chunk into a fresh buffer took 70-330 us, hence 64 KiB. (Published
+//!   glommio 0.9.0 could park with a yielded task runnable, and `tests/liveness.rs`
+//!   hung in 2 of 5 runs with yields here; the vendored glommio fixes that.)
 //! * **Whole-run buffers are reused** (at most a flush's worth): fresh ones cost a page
-//!   fault per page, 11-15 ms of copying a second instead of 3.7-5.3 ms.
+//!   fault per page, 11-15 ms of copying a second instead of 3.7-5.3 ms. Partial runs
+//!   still get fresh buffers: a 128 KiB copy into one takes 32 faults, 70-330 us.
 //!
 //! Invariant: a page a flush took counts as clean from then on and is marked dirty
 //! again if that flush fails or is dropped before its writes end, so no page that did
@@ -40,9 +44,9 @@ use super::{IndexService, P};
 
 /// Largest single write of a flush.
 const RUN_BYTES: usize = 1 << 20;
-/// A flush's snapshot is copied this many pages at a time (128 KiB), with a yield
+/// A flush's snapshot is copied this many pages at a time (64 KiB), with a yield
 /// after each when it has more.
-const COPY_CHUNK_PAGES: u64 = 32;
+const COPY_CHUNK_PAGES: u64 = 16;
 /// Writes of one step in flight together.
 const WRITES_IN_FLIGHT: usize = 16;
 
@@ -126,10 +130,9 @@ impl IndexService {
         let mut taken = Vec::with_capacity(dirty.len());
         let mut spans: Spans = Vec::new();
         for p in dirty {
-            let Some(pg) = pages.pages[p as usize].as_deref_mut() else {
+            if !pages.take_for_flush(p) {
                 continue;
-            };
-            pg.dirty = false;
+            }
             taken.push(p);
             match spans.last_mut() {
                 Some((start, n))
@@ -150,22 +153,26 @@ impl IndexService {
             // Page 0 holds the header (replaced by `h`) and the first slots.
             spans.insert(0, (0, 1));
         }
+        drop(pages);
         let bufs: Vec<DmaBuffer> = spans
             .iter()
-            .map(|&(_, n)| {
-                let len = n as usize * PAGE;
-                if len == RUN_BYTES {
-                    self.run_bufs
-                        .borrow_mut()
-                        .pop()
-                        .unwrap_or_else(|| allocate_dma_buffer_global(RUN_BYTES))
-                } else {
-                    allocate_dma_buffer(len)
-                }
-            })
+            .map(|&(_, n)| self.run_buf(n as usize * PAGE))
             .collect();
+        let mut pages = self.pages.borrow_mut();
         pages.begin_snapshot(&spans, bufs);
         Some((spans, taken))
+    }
+
+    /// A buffer for a run of `len` bytes: a kept whole-run buffer for a whole run.
+    fn run_buf(&self, len: usize) -> DmaBuffer {
+        if len == RUN_BYTES {
+            self.run_bufs
+                .borrow_mut()
+                .pop()
+                .unwrap_or_else(|| allocate_dma_buffer_global(RUN_BYTES))
+        } else {
+            allocate_dma_buffer(len)
+        }
     }
 
     /// Keeps a flush's whole-run buffers for the next flush, at most a flush's worth.

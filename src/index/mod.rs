@@ -118,7 +118,7 @@ pub struct IndexService {
     high_water: Cell<i64>,
     /// Serialises flushes, rollovers and evictions.
     flush_lock: Semaphore,
-    /// Whole-run buffers of earlier flushes, reused (see `flush.rs`).
+    /// Run buffers of earlier flushes, reused (see `flush.rs`).
     run_bufs: RefCell<Vec<DmaBuffer>>,
 }
 

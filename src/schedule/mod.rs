@@ -102,14 +102,14 @@ pub fn start<H: Host>(host: H) -> crate::Result<()> {
     let store = host.store().clone();
     let levels = store.delay_levels().clone();
     let stop = Rc::new(Stop::default());
-    let tq = glommio::executor().create_task_queue(
-        glommio::Shares::Static(200),
+    let tq = crate::shard::turns::background_queue(
+        "schedule (delay levels, timer)",
+        200,
         // A due message should go out within milliseconds, even while puts keep the
         // shard busy.
         glommio::Latency::Matters(Duration::from_millis(10)),
-        "schedule",
+        store.config().background_turn,
     );
-    crate::shard::stall::name_queue(tq, "schedule (delay levels, timer)");
     for level in 1..=levels.count() {
         let delay = Duration::from_millis(levels.delay_ms(level).unwrap_or(1000));
         let task = run_level(host.clone(), level, delay, stop.clone());

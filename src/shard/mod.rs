@@ -18,6 +18,8 @@
 //! * `reply`: the one-shot slot a request's reply comes back in.
 //! * `wait`: who spins and who parks on each side of a hop (the awake window, the
 //!   reply spin, [`block_on`]).
+//! * `turns`: background task queues whose turns are bounded, so timers and I/O
+//!   completions are polled between their pieces.
 //! * `context`: [`ShardContext`], the route of code running on a shard
 //!   ([`Handle::run_on`]): the local store in place, other shards through the handle.
 //!
@@ -31,6 +33,7 @@ mod ownership;
 mod reply;
 mod sharded_store;
 pub mod stall;
+pub(crate) mod turns;
 pub(crate) mod wait;
 
 pub use context::ShardContext;

@@ -256,19 +256,19 @@ impl Store {
 impl Inner {
     /// Starts the writer, the dispatcher and the queue flusher (module docs).
     fn spawn_tasks(self: &Rc<Self>) -> Result<()> {
-        use glommio::{Latency, Shares, executor};
+        use glommio::Latency;
         let sync = self.cfg.flush_mode == FlushMode::Sync;
         let tq = |name: &str, shares: usize| {
             // A sync-flush writer's I/O completions preempt other task queues, so the
-            // next group-commit round starts at once (see `commit_log`'s docs).
-            let latency = if sync && name == "commit-log-writer" {
-                Latency::Matters(Duration::from_millis(1))
+            // next group-commit round starts at once (see `commit_log`'s docs); it is
+            // foreground work, the rest is background (`crate::shard::turns`).
+            if sync && name == "commit-log-writer" {
+                let latency = Latency::Matters(Duration::from_millis(1));
+                crate::shard::turns::background_queue(name, shares, latency, Duration::ZERO)
             } else {
-                Latency::NotImportant
-            };
-            let q = executor().create_task_queue(Shares::Static(shares), latency, name);
-            crate::shard::stall::name_queue(q, name);
-            q
+                let turn = self.cfg.background_turn;
+                crate::shard::turns::background_queue(name, shares, Latency::NotImportant, turn)
+            }
         };
         let tasks: [(&str, usize, Task); 4] = [
             (

@@ -6,6 +6,7 @@ use crate::config::SyncFlushIo;
 use crate::{FlushMode, StoreConfig};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Body sizes: one size, or a uniform range `min..max` (inclusive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +263,10 @@ pub struct LoadConfig {
     /// task queue may keep the CPU while another waits
     #[arg(long, value_name = "US", default_value_t = super::PREEMPT_TIMER.as_micros() as u64)]
     pub preempt_us: u64,
+    /// The longest turn of a shard's background task queue (the store's
+    /// `background_turn`; 0: unbounded, until the preempt timer); default: the store's
+    #[arg(long, value_name = "US")]
+    pub background_turn_us: Option<u64>,
     /// The shards' stall detector threshold (`ShardedConfig::stall_threshold`); 0 turns
     /// it off
     #[arg(long, value_name = "MS", default_value_t = 10)]
@@ -337,6 +342,9 @@ impl LoadConfig {
         let mut c = StoreConfig::new(root);
         c.flush_mode = self.flush.mode();
         c.index_enable = !self.no_index;
+        if let Some(us) = self.background_turn_us {
+            c.background_turn = Duration::from_micros(us);
+        }
         if let Some(mib) = self.max_dispatch_lag_mib {
             c.max_dispatch_lag_bytes = mib << 20;
         }
@@ -446,6 +454,7 @@ impl LoadConfig {
             "fill_segments": self.fill_segments,
             "spin_us": self.spin_us,
             "preempt_us": self.preempt_us,
+            "background_turn_us": self.background_turn_us,
             "stall_ms": self.stall_ms,
             "slave": self.slave,
         })

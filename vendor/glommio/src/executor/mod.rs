@@ -47,7 +47,7 @@ use latch::{Latch, LatchState};
 use log::warn;
 pub use placement::{CpuSet, Placement, PoolPlacement};
 use std::{
-    cell::RefCell,
+    cell::{Cell, RefCell},
     collections::{hash_map::Entry, BinaryHeap},
     fmt,
     future::Future,
@@ -136,6 +136,9 @@ pub(crate) struct TaskQueue {
     // for dynamic shares classes
     yielded: bool,
     stats: TaskQueueStats,
+    // coremq patch: the longest turn this queue may take while it keeps yielding
+    // (`ExecutorProxy::bound_task_queue_turns`); `None`: until the preempt timer.
+    turn_bound: Option<Duration>,
 }
 
 // Impl a custom order so we use a min-heap
@@ -179,6 +182,7 @@ impl TaskQueue {
             name: name.into(),
             last_adjustment: Instant::now(),
             yielded: false,
+            turn_bound: None,
         }))
     }
 
@@ -1119,6 +1123,11 @@ pub struct LocalExecutor {
     id: usize,
     reactor: Rc<reactor::Reactor>,
     stall_detector: RefCell<Option<StallDetector>>,
+    // coremq patch: when the running turn of a bounded task queue ends
+    // (`ExecutorProxy::bound_task_queue_turns`), and whether one ran out since the last
+    // I/O poll (`run_task_queues` then returns to poll I/O and timers).
+    turn_deadline: Cell<Option<Instant>>,
+    turn_ran_out: Cell<bool>,
 }
 
 impl LocalExecutor {
@@ -1180,6 +1189,8 @@ impl LocalExecutor {
                     .map(|x| StallDetector::new(id, x))
                     .transpose()?,
             ),
+            turn_deadline: Cell::new(None),
+            turn_ran_out: Cell::new(false),
         })
     }
 
@@ -1318,9 +1329,23 @@ impl LocalExecutor {
         self.queues.borrow().spin_before_park
     }
 
+    // coremq patch: also `true` once the running turn of a bounded task queue has
+    // lasted its bound (one clock read, only while such a turn runs).
     #[inline(always)]
     pub(crate) fn need_preempt(&self) -> bool {
-        self.reactor.need_preempt()
+        self.reactor.need_preempt() || self.turn_bound_reached()
+    }
+
+    // coremq patch (see `need_preempt`).
+    #[inline]
+    fn turn_bound_reached(&self) -> bool {
+        match self.turn_deadline.get() {
+            Some(deadline) if Instant::now() >= deadline => {
+                self.turn_ran_out.set(true);
+                true
+            }
+            _ => false,
+        }
     }
 
     // coremq patch: returns whether a task queue is still active (has runnable tasks),
@@ -1332,11 +1357,16 @@ impl LocalExecutor {
     // Also, every queue active on entry is owed one turn of at least one task even when
     // the flag is already set, so a preempt budget spent before we got here cannot
     // starve them all loop after loop. See vendor/glommio/COREMQ-PATCHES.md.
+    //
+    // coremq patch: once a bounded queue's turn ran out, the loop also returns when the
+    // owed turns are done, so I/O completions and timers are polled before background
+    // work runs again (`ExecutorProxy::bound_task_queue_turns`).
     fn run_task_queues(&self) -> bool {
         let mut owed = self.queues.borrow().active_executors.len();
+        self.turn_ran_out.set(false);
         loop {
             self.reactor.sys.install_eventfd();
-            if owed == 0 && self.need_preempt() {
+            if owed == 0 && (self.turn_ran_out.get() || self.need_preempt()) {
                 break;
             }
             if !self.run_one_task_queue() {
@@ -1364,6 +1394,8 @@ impl LocalExecutor {
             let now = Instant::now();
             let mut queue_ref = queue.borrow_mut();
             queue_ref.prepare_to_run(now);
+            // coremq patch: a bounded queue's turn ends at its bound (`need_preempt`).
+            self.turn_deadline.set(queue_ref.turn_bound.map(|b| now + b));
             self.reactor
                 .inform_io_requirements(queue_ref.io_requirements);
             now
@@ -1400,6 +1432,7 @@ impl LocalExecutor {
                 }
             }
             let elapsed = time.elapsed();
+            self.turn_deadline.set(None);
             drop(guard);
             (elapsed, tasks_executed_this_loop)
         };
@@ -2213,6 +2246,40 @@ impl ExecutorProxy {
                 extend(ex);
             }
         }
+    }
+
+    /// coremq patch: bounds every turn of the task queue `handle` to `bound` (`None`:
+    /// unbounded, the default). Once a turn has lasted that long, [`need_preempt`]
+    /// returns `true` to its tasks (so [`yield_if_needed`] yields), the scheduler ends
+    /// the turn at the next yield, and the executor polls I/O and timers before it
+    /// runs the queue again. For background work that yields often: without a bound it
+    /// keeps the CPU until the preempt timer fires, and timers and I/O completions of
+    /// the main ring wait that long. A turn still runs at least one task, and a task
+    /// that does not yield is not cut.
+    ///
+    /// [`need_preempt`]: ExecutorProxy::need_preempt
+    /// [`yield_if_needed`]: ExecutorProxy::yield_if_needed
+    pub fn bound_task_queue_turns(
+        &self,
+        handle: TaskQueueHandle,
+        bound: Option<Duration>,
+    ) -> Result<()> {
+        let set = |ex: &LocalExecutor| match ex.get_queue(&handle) {
+            Some(q) => {
+                q.borrow_mut().turn_bound = bound;
+                Ok(())
+            }
+            None => Err(GlommioError::queue_not_found(handle.index)),
+        };
+        #[cfg(not(feature = "native-tls"))]
+        return LOCAL_EX.with(set);
+
+        #[cfg(feature = "native-tls")]
+        return set(unsafe {
+            LOCAL_EX
+                .as_ref()
+                .expect("this thread doesn't have a LocalExecutor running")
+        });
     }
 
     /// Unconditionally yields the current task and forces the scheduler
