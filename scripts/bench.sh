@@ -319,7 +319,15 @@ stop_node() {
     fi
 }
 trap 'stop_node; cleanup' EXIT
-node_cpu() { awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$node_pid/stat"; }
+# The node's CPU seconds so far: its `process_cpu_seconds_total` (getrusage, microseconds)
+# from /metrics; `/proc/<pid>/stat` (10 ms ticks: 0.33% of a core over 3 s) if that fails.
+node_cpu() {
+    local v
+    v=$(curl -s --max-time 2 "http://127.0.0.1:$metrics_port/metrics" 2>/dev/null |
+        awk '$1 == "process_cpu_seconds_total" {print $2}')
+    if [ -n "$v" ]; then echo "$v"
+    else awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$node_pid/stat"; fi
+}
 # remote_run NAME LABEL TARGET ARGS...: one `coremq bench --target` run, the node's CPU
 # added to its JSON.
 remote_run() {
@@ -366,8 +374,9 @@ if want 10; then
     remote_run s10-echo "loopback TCP echo, 1 KiB, 1 in flight" echo \
         --duration "$secs" --body 1024 --producers 1 --outstanding 1
     port=$((20000 + RANDOM % 20000))
+    metrics_port=$((port + 2))
     "$bin" serve --data-dir "$work/s10-node" --listen "127.0.0.1:$port" \
-        --namesrv-listen "127.0.0.1:$((port + 1))" --metrics-listen "127.0.0.1:$((port + 2))" \
+        --namesrv-listen "127.0.0.1:$((port + 1))" --metrics-listen "127.0.0.1:$metrics_port" \
         --ha-listen "127.0.0.1:$((port + 3))" 2>"$detail/s10-node.log" &
     node_pid=$!
     for _ in $(seq 100); do
@@ -818,7 +827,7 @@ s11_ratio() {
     echo "Timed messages: a put phase runs from its first put to every shard's dispatch caught up; its CPU is the"
     echo "whole process's (the timer reading its queue included). RSS is the whole process, not the timer alone;"
     echo "lateness is a delivered record's store timestamp minus its TIMER_OUT_MS (ms)."
-    echo "Node: CPU per message is the node process's user + system time over the run (/proc/<pid>/stat)"
+    echo "Node: CPU per message is the node process's user + system time over the run (its process_cpu_seconds_total, getrusage)"
     echo "divided by the messages acknowledged; the load generator runs on the same CPUs; goals from issue 20."
     echo "Latency vs load: open-loop runs offered a share of the closed-loop rate of the same workload with consumers (s11-capacity, this run);"
     echo "curves in $(basename "$detail")/s11-latency-vs-load.svg."

@@ -233,6 +233,14 @@ impl Metrics {
             "Connections open.",
             connections_open as u64,
         );
+        // The Prometheus client libraries' standard name, from getrusage (microseconds):
+        // `/proc/<pid>/stat` counts 10 ms ticks.
+        let name = "process_cpu_seconds_total";
+        let cpu = crate::stats::process::process_cpu_seconds();
+        let _ = writeln!(
+            out,
+            "# HELP {name} Total user and system CPU time spent in seconds.\n# TYPE {name} counter\n{name} {cpu:.6}"
+        );
         out
     }
 }

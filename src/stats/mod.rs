@@ -22,6 +22,7 @@
 //! write-buffer pool's use (written but not flushed, against its size). The
 //! store's `stats()` gives one shard's; `StoreOps::stats` every shard's and their sum.
 
+pub mod process;
 pub mod prometheus;
 
 use std::cell::{Cell, RefCell};

@@ -1,5 +1,6 @@
 //! The clocks, CPU time and memory figures the reports are made of.
 
+use crate::stats::process::{cpu_seconds, rusage};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -20,21 +21,6 @@ pub fn now_ns() -> u64 {
 /// another clock read).
 pub(super) fn wall_ms(ns: u64) -> i64 {
     clock_base().1 + (ns / 1_000_000) as i64
-}
-
-/// `getrusage(who)`, or `None` when it fails.
-fn rusage(who: libc::c_int) -> Option<libc::rusage> {
-    // SAFETY: getrusage only writes the struct it is given.
-    unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        (libc::getrusage(who, &mut ru) == 0).then_some(ru)
-    }
-}
-
-/// User + system CPU of a `rusage`, in seconds.
-fn cpu_seconds(ru: &libc::rusage) -> f64 {
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
 }
 
 /// The process's CPU time (user + system) in seconds and its peak RSS in bytes.

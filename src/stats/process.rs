@@ -1,0 +1,42 @@
+//! The process's own resource use, read with `getrusage` (microsecond resolution, the
+//! time of threads that have exited included): the node's `process_cpu_seconds_total`
+//! and the load generator's CPU figures. `/proc/<pid>/stat` counts in clock ticks
+//! (10 ms here): an idle node measured over 3 s read as 0%, 0.33% or 0.67% of a core.
+
+/// `getrusage(who)`, or `None` when it fails.
+pub(crate) fn rusage(who: libc::c_int) -> Option<libc::rusage> {
+    // SAFETY: getrusage only writes the struct it is given.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(who, &mut ru) == 0).then_some(ru)
+    }
+}
+
+/// User + system CPU of a `rusage`, in seconds.
+pub(crate) fn cpu_seconds(ru: &libc::rusage) -> f64 {
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// This process's CPU time so far (user + system, every thread), in seconds.
+pub fn process_cpu_seconds() -> f64 {
+    rusage(libc::RUSAGE_SELF).map_or(0.0, |ru| cpu_seconds(&ru))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn process_cpu_time_grows_with_work() {
+        let before = super::process_cpu_seconds();
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let spent = super::process_cpu_seconds() - before;
+        assert!(
+            spent >= 0.02,
+            "50 ms of spinning counted as {spent} s of CPU"
+        );
+    }
+}
