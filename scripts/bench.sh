@@ -462,8 +462,9 @@ fi
 
 # Latency against load (11, issue 23): scenario 4's open loop (async 1 KiB puts, 64
 # queues, tailing consumers) offered at 10, 25, 50, 75 and 90% of the closed-loop rate
-# of the same workload measured first in this run (s11-capacity), one run per point; put p50/p99/p99.9 and end-to-end p99 against the
-# offered load, gathered in s11-latency-vs-load.{json,svg}.
+# of the same workload measured first in this run (s11-capacity), one run per point;
+# put p50/p99/p99.9 and end-to-end p99 against the offered load, gathered in
+# s11-latency-vs-load.{json,svg}.
 s11_pcts=(10 25 50 75 90)
 s11_names="s11-capacity ${s11_pcts[*]/#/s11-}"
 if want 11; then

@@ -163,12 +163,10 @@ impl IndexService {
             // Page 0 holds the header (replaced by `h`) and the first slots.
             spans.insert(0, (0, 1));
         }
-        drop(pages);
         let bufs: Vec<DmaBuffer> = spans
             .iter()
             .map(|&(_, n)| self.run_buf(n as usize * PAGE))
             .collect();
-        let mut pages = self.pages.borrow_mut();
         pages.begin_snapshot(&spans, bufs);
         Some((spans, taken))
     }

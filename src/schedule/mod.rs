@@ -102,7 +102,7 @@ pub fn start<H: Host>(host: H) -> crate::Result<()> {
     let store = host.store().clone();
     let levels = store.delay_levels().clone();
     let stop = Rc::new(Stop::default());
-    let tq = crate::shard::turns::background_queue(
+    let tq = crate::shard::turns::task_queue(
         "schedule (delay levels, timer)",
         200,
         // A due message should go out within milliseconds, even while puts keep the

@@ -34,9 +34,10 @@ use std::time::Duration;
 /// million msg/s at 0, 20, 50 and 200 us).
 pub const DEFAULT_BACKGROUND_TURN: Duration = Duration::from_micros(50);
 
-/// Creates a task queue for background work on the current executor, named for the
-/// stall detector, its turns bounded by `turn` (`Duration::ZERO`: unbounded).
-pub(crate) fn background_queue(
+/// Creates a task queue of the shard on the current executor, named for the stall
+/// detector, its turns bounded by `turn` (`Duration::ZERO`: unbounded, for foreground
+/// work).
+pub(crate) fn task_queue(
     name: &str,
     shares: usize,
     latency: Latency,

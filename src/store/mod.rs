@@ -262,13 +262,12 @@ impl Inner {
             // A sync-flush writer's I/O completions preempt other task queues, so the
             // next group-commit round starts at once (see `commit_log`'s docs); it is
             // foreground work, the rest is background (`crate::shard::turns`).
-            if sync && name == "commit-log-writer" {
-                let latency = Latency::Matters(Duration::from_millis(1));
-                crate::shard::turns::background_queue(name, shares, latency, Duration::ZERO)
+            let (latency, turn) = if sync && name == "commit-log-writer" {
+                (Latency::Matters(Duration::from_millis(1)), Duration::ZERO)
             } else {
-                let turn = self.cfg.background_turn;
-                crate::shard::turns::background_queue(name, shares, Latency::NotImportant, turn)
-            }
+                (Latency::NotImportant, self.cfg.background_turn)
+            };
+            crate::shard::turns::task_queue(name, shares, latency, turn)
         };
         let tasks: [(&str, usize, Task); 4] = [
             (

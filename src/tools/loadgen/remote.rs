@@ -618,7 +618,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         }
     }
     let started = Instant::now();
-    let cpu_before = super::measure::process_usage().0;
+    let cpu_before = crate::stats::process::process_cpu_seconds();
     let sh = Arc::new(Shared {
         next: AtomicU64::new(0),
         limit: cfg.messages,
@@ -651,7 +651,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = super::measure::process_usage().0 - cpu_before;
+    let cpu = crate::stats::process::process_cpu_seconds() - cpu_before;
     let echo_cpu = if echo { echo_cpu_seconds() } else { 0.0 };
     let ok = sh.ok.load(Ordering::Relaxed);
     let failed = sh.failed.load(Ordering::Relaxed);
