@@ -16,9 +16,15 @@
 //!   waker under the same lock after publishing).
 //! * [`ReplyReceiver::sent_at`]: when the value was published (a monotonic clock in
 //!   nanoseconds), for the callers' adaptive spin (`wait.rs`): how long replies take.
+//! * **Wakes held for a batch** ([`hold_wakes`]): while the shard
+//!   runs a batch of requests taken from its inbox, the callers' wakers are collected
+//!   and woken once the batch is done, not one by one. A thread with many requests
+//!   outstanding then wakes once per batch and finds all its replies, instead of being
+//!   woken (a futex wake, a context switch on a CPU the shard shares) after every few.
+//!   A lone request's batch is itself, so it is answered as soon as before.
 
 use super::wait;
-use std::cell::UnsafeCell;
+use std::cell::{RefCell, UnsafeCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -75,14 +81,62 @@ pub(super) fn channel<T>() -> (ReplySender<T>, ReplyReceiver<T>) {
     )
 }
 
+thread_local! {
+    /// `Some` while this thread holds its reply wakes ([`hold_wakes`]).
+    static HELD: RefCell<Option<Vec<Waker>>> = const { RefCell::new(None) };
+}
+
+/// Holds the reply wakes of this thread until the returned guard is dropped (then
+/// wakes them): replies published meanwhile keep their callers' wakers instead of
+/// waking them. The guard also releases when a panic unwinds through its owner (a job
+/// that panics takes the shard down; its callers must still hear of it).
+pub(super) fn hold_wakes() -> HeldWakes {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        if h.is_none() {
+            *h = Some(Vec::new());
+        }
+    });
+    HeldWakes(())
+}
+
+/// See [`hold_wakes`].
+pub(super) struct HeldWakes(());
+
+impl Drop for HeldWakes {
+    fn drop(&mut self) {
+        release_wakes();
+    }
+}
+
+/// Wakes every caller whose reply was published since [`hold_wakes`], and stops
+/// holding.
+fn release_wakes() {
+    // Taken out first: a waker may run code that publishes again (not held then).
+    let held = HELD.with(|h| h.borrow_mut().take());
+    if let Some(held) = held {
+        held.into_iter().for_each(Waker::wake);
+    }
+}
+
 impl<T> Slot<T> {
-    /// Publishes `state` (SENT or CLOSED) and wakes the receiver if it waits.
+    /// Publishes `state` (SENT or CLOSED) and wakes the receiver if it waits (or
+    /// holds its waker, see [`hold_wakes`]).
     fn publish(&self, state: u8) {
         self.sent_at_ns.store(wait::now_ns(), Ordering::Relaxed);
         self.state.store(state, Ordering::Release);
         let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = waker {
-            w.wake();
+            let held = HELD.with(|h| match &mut *h.borrow_mut() {
+                Some(held) => {
+                    held.push(w);
+                    None
+                }
+                None => Some(w),
+            });
+            if let Some(w) = held {
+                w.wake();
+            }
         }
     }
 }
@@ -167,6 +221,51 @@ mod tests {
         let t = std::thread::spawn(move || drop(tx));
         assert_eq!(block_on(rx), None);
         t.join().unwrap();
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn held_wakes_wait_for_the_release() {
+        let count = Arc::new(Count(Default::default()));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let woken = || count.0.load(Ordering::SeqCst);
+        let (tx, mut rx) = channel();
+        assert!(Pin::new(&mut rx).poll(&mut cx).is_pending());
+        let (tx2, mut rx2) = channel::<u8>();
+        assert!(Pin::new(&mut rx2).poll(&mut cx).is_pending());
+        let held = hold_wakes();
+        tx.send(5u8);
+        drop(tx2);
+        assert_eq!(woken(), 0, "held while the batch runs");
+        drop(held);
+        assert_eq!(woken(), 2, "both woken at the release");
+        assert_eq!(Pin::new(&mut rx).poll(&mut cx), Poll::Ready(Some(5)));
+        assert_eq!(Pin::new(&mut rx2).poll(&mut cx), Poll::Ready(None));
+        // Not holding: a reply wakes its caller at once.
+        let (tx, mut rx) = channel();
+        assert!(Pin::new(&mut rx).poll(&mut cx).is_pending());
+        tx.send(6u8);
+        assert_eq!(woken(), 3);
+        // A panic while holding still wakes the callers whose replies were dropped.
+        let (tx, mut rx) = channel::<u8>();
+        assert!(Pin::new(&mut rx).poll(&mut cx).is_pending());
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = hold_wakes();
+            let _tx = tx;
+            panic!("a job panics");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(woken(), 4, "released by the unwinding");
+        assert_eq!(Pin::new(&mut rx).poll(&mut cx), Poll::Ready(None));
     }
 
     #[test]

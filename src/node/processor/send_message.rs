@@ -287,8 +287,11 @@ pub(super) async fn send(
             .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
     let began = std::time::Instant::now();
     let mut transactional = false;
+    // The batch and half-message paths are boxed: this future is as large as all its
+    // awaited futures together, and the task serving a send is spawned (copied whole)
+    // per request (docs/performance/node.md, "The request task's size").
     let (result, ids, bytes, n) = if batch {
-        put_batch(st, &base, body).await?
+        Box::pin(put_batch(st, &base, body)).await?
     } else {
         let mut msg = pool::PooledMessage::take();
         let props = h.get(SendField::Properties).unwrap_or("");
@@ -298,10 +301,13 @@ pub(super) async fn send(
             refuse_transactional(st)?;
             // A half message waits in the half topic (`crate::transaction`).
             let half = crate::transaction::half(msg.into_inner());
-            match local_owner(&half.topic, half.queue_id) {
-                Some(store) => store.put(&half).await,
-                None => st.handle.put(half).await,
-            }
+            Box::pin(async move {
+                match local_owner(&half.topic, half.queue_id) {
+                    Some(store) => store.put(&half).await,
+                    None => st.handle.put(half).await,
+                }
+            })
+            .await
         } else {
             match local_owner(topic, queue_id) {
                 Some(store) => store.put(&msg).await,

@@ -259,6 +259,15 @@ pub struct LoadConfig {
     /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
     #[arg(long, value_name = "US")]
     pub spin_us: Option<u64>,
+    /// How long a shard stays awake after requests that came close together
+    /// (`ShardedConfig::awake_window`; 0: parks at once); default: the store's
+    #[arg(long, value_name = "US")]
+    pub awake_window_us: Option<u64>,
+    /// How long a caller waiting for a shard's reply may spin before parking, when
+    /// replies have lately come that fast (`ShardedConfig::reply_spin`; 0: never
+    /// spins); default: the store's
+    #[arg(long, value_name = "US")]
+    pub reply_spin_us: Option<u64>,
     /// The shards' glommio preempt timer (`ShardedConfig::preempt_timer`): how long a
     /// task queue may keep the CPU while another waits
     #[arg(long, value_name = "US", default_value_t = super::PREEMPT_TIMER.as_micros() as u64)]
@@ -453,6 +462,8 @@ impl LoadConfig {
             "spare_segments": self.spare_segments,
             "fill_segments": self.fill_segments,
             "spin_us": self.spin_us,
+            "awake_window_us": self.awake_window_us,
+            "reply_spin_us": self.reply_spin_us,
             "preempt_us": self.preempt_us,
             "background_turn_us": self.background_turn_us,
             "stall_ms": self.stall_ms,

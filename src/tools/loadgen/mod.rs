@@ -121,6 +121,12 @@ fn open_store(
     sc.pin = true;
     sc.store = template;
     sc.spin_before_park = cfg.spin_us.map(Duration::from_micros);
+    if let Some(us) = cfg.awake_window_us {
+        sc.awake_window = Duration::from_micros(us);
+    }
+    if let Some(us) = cfg.reply_spin_us {
+        sc.reply_spin = Duration::from_micros(us);
+    }
     sc.preempt_timer = Some(Duration::from_micros(cfg.preempt_us.max(1)));
     sc.stall_threshold = (cfg.stall_ms > 0).then(|| Duration::from_millis(cfg.stall_ms));
     ShardedStore::open(sc).map_err(|e| format!("cannot open the store in {}: {e}", root.display()))
