@@ -39,9 +39,10 @@ use super::remoting::scan::HeaderView;
 use super::remoting::{self, FrameError, HEADER_WORD, LENGTH_PREFIX, RemotingCommand};
 use super::shard_net::LocalStop;
 use bytes::{Bytes, BytesMut};
-use futures_lite::{AsyncRead, AsyncWrite};
+use futures_lite::AsyncWrite;
 use glommio::net::TcpStream;
 use std::cell::{Cell, RefCell};
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
@@ -276,43 +277,45 @@ async fn serve_request(sh: Rc<Shared>, req: Request) {
     }
 }
 
-/// The read buffer: `buf[..filled]` holds received bytes not yet taken as frames;
-/// `buf[filled..]` is initialized room for the next receive.
+/// The read buffer: `buf` holds received bytes not yet taken as frames; its spare
+/// capacity is the room for the next receive, read into uninitialized (glommio patch
+/// m): the buffer was zero-filled before every receive, 3.2% of a node's samples under
+/// single sends.
 struct ReadBuf {
     buf: BytesMut,
-    filled: usize,
 }
 
 impl ReadBuf {
     fn new() -> ReadBuf {
         ReadBuf {
             buf: BytesMut::new(),
-            filled: 0,
         }
     }
 
     /// Room for the next receive, at least `want` bytes (and [`MIN_ROOM`]). When the
     /// buffer is renewed, its unread bytes move to a new one (or to the front of this
     /// one when no frame taken from it is still alive).
-    fn room(&mut self, want: usize) -> &mut [u8] {
+    fn room(&mut self, want: usize) -> &mut [MaybeUninit<u8>] {
         let want = want.max(MIN_ROOM);
-        if self.buf.len() - self.filled < want {
-            self.buf.truncate(self.filled);
+        if self.buf.capacity() - self.buf.len() < want {
             self.buf.reserve(want.max(READ_BUF));
-            let cap = self.buf.capacity();
-            self.buf.resize(cap, 0);
         }
-        &mut self.buf[self.filled..]
+        self.buf.spare_capacity_mut()
     }
 
+    /// The last receive wrote the first `n` bytes of [`Self::room`].
     fn received(&mut self, n: usize) {
-        self.filled = (self.filled + n).min(self.buf.len());
+        let spare = self.buf.capacity() - self.buf.len();
+        assert!(n <= spare, "received {n} bytes into {spare} bytes of room");
+        // SAFETY: the receive wrote (initialized) the first `n` bytes of the spare
+        // capacity `room` returned, and nothing touched the buffer in between.
+        unsafe { self.buf.set_len(self.buf.len() + n) };
     }
 
     /// The next whole frame (length prefix included), or `None` while it is not whole;
     /// the second value is how many more bytes that frame needs.
     fn next_frame(&mut self, max_frame: usize) -> Result<(Option<Bytes>, usize), FrameError> {
-        let filled = &self.buf[..self.filled];
+        let filled = &self.buf[..];
         let Some(prefix) = filled.first_chunk::<4>() else {
             return Ok((None, LENGTH_PREFIX - filled.len()));
         };
@@ -320,7 +323,6 @@ impl ReadBuf {
         if filled.len() < whole {
             return Ok((None, whole - filled.len()));
         }
-        self.filled -= whole;
         Ok((Some(self.buf.split_to(whole).freeze()), 0))
     }
 }
@@ -404,9 +406,8 @@ async fn read_loop(sh: &Rc<Shared>, stream: &Rc<RefCell<TcpStream>>, stop: &Loca
             glommio::spawn_local(serve_request(sh.clone(), req)).detach();
         }
         let room = rb.room(need.min(READ_BUF));
-        let read = futures_lite::future::poll_fn(|cx| {
-            Pin::new(&mut *stream.borrow_mut()).poll_read(cx, room)
-        });
+        let read =
+            futures_lite::future::poll_fn(|cx| stream.borrow_mut().poll_read_uninit(cx, room));
         let got = futures_lite::future::or(async { Some(read.await) }, async {
             stop.wait(sh.conn).await;
             None
@@ -502,7 +503,9 @@ mod tests {
             let mut got = Vec::new();
             for part in [&wire[..cut], &wire[cut..]] {
                 let room = rb.room(part.len());
-                room[..part.len()].copy_from_slice(part);
+                for (r, b) in room.iter_mut().zip(part.iter()) {
+                    r.write(*b);
+                }
                 rb.received(part.len());
                 while let (Some(f), _) = rb.next_frame(1 << 20).unwrap() {
                     got.push(f);
@@ -518,7 +521,9 @@ mod tests {
     fn a_declared_length_beyond_the_limit_is_malformed() {
         let mut rb = ReadBuf::new();
         let room = rb.room(8);
-        room[..4].copy_from_slice(&(64u32 << 20).to_be_bytes());
+        for (r, b) in room.iter_mut().zip((64u32 << 20).to_be_bytes()) {
+            r.write(b);
+        }
         rb.received(4);
         assert!(rb.next_frame(1 << 20).is_err());
     }

@@ -67,6 +67,23 @@ fn yolo_recv(fd: RawFd, buf: &mut [u8]) -> Option<io::Result<usize>> {
     }
 }
 
+// coremq patch m: `recv` into memory that need not be initialized (the kernel writes
+// the first `n` bytes it returns; nothing is read from `buf`).
+fn yolo_recv_uninit(fd: RawFd, buf: &mut [std::mem::MaybeUninit<u8>]) -> Option<io::Result<usize>> {
+    match sys::recv_syscall(
+        fd,
+        buf.as_mut_ptr().cast::<u8>(),
+        buf.len(),
+        MsgFlags::MSG_DONTWAIT.bits(),
+    ) {
+        Ok(x) => Some(Ok(x)),
+        Err(err) => match err.kind() {
+            io::ErrorKind::WouldBlock => None,
+            _ => Some(Err(err)),
+        },
+    }
+}
+
 fn yolo_recvmsg<T: SockaddrLike>(
     fd: RawFd,
     buf: &mut [u8],

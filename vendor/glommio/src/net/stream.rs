@@ -258,6 +258,23 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         cx: &Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        // coremq patch m: an initialized buffer is read as an uninitialized one (only
+        // written to); the same code serves both.
+        // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and nothing uninitialized is
+        // written into `buf` (the kernel writes received bytes).
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(), buf.len())
+        };
+        self.poll_read_uninit(cx, buf)
+    }
+
+    /// coremq patch m: [`Self::poll_read`] into memory that need not be initialized;
+    /// `Ready(Ok(n))`: the first `n` bytes of `buf` were written.
+    pub(crate) fn poll_read_uninit(
+        &mut self,
+        cx: &Context<'_>,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
         let reactor = self.reactor.upgrade().unwrap();
         let reactor = reactor.as_ref();
 
@@ -268,7 +285,7 @@ impl<S: AsRawFd> NonBufferedStream<S> {
             .unwrap_or(true);
 
         if no_pending_poll {
-            if let Some(result) = super::yolo_recv(self.stream.as_raw_fd(), buf) {
+            if let Some(result) = super::yolo_recv_uninit(self.stream.as_raw_fd(), buf) {
                 self.source_rx.take();
                 self.read_timeout.cancel_timer(reactor);
                 let result = poll_err!(result);
@@ -391,6 +408,17 @@ where
     unsafe fn from_raw_fd(fd: RawFd) -> Self {
         let socket = socket2::Socket::from_raw_fd(fd);
         GlommioStream::from(socket)
+    }
+}
+
+impl<S: AsRawFd> GlommioStream<S, NonBuffered> {
+    /// coremq patch m: see `NonBufferedStream::poll_read_uninit`.
+    pub(crate) fn poll_read_uninit(
+        &mut self,
+        cx: &Context<'_>,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        self.stream.poll_read_uninit(cx, buf)
     }
 }
 

@@ -404,6 +404,18 @@ fn make_tcp_socket(addr: &SocketAddr) -> io::Result<Socket> {
 }
 
 impl TcpStream {
+    /// coremq patch m: reads into memory that need not be initialized (a buffer's
+    /// spare capacity), as [`AsyncRead::poll_read`] does into a slice: `Ready(Ok(n))`
+    /// means the first `n` bytes of `buf` now hold received data (0: the peer closed).
+    /// Saves zero-filling a receive buffer before every read.
+    pub fn poll_read_uninit(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        self.stream.poll_read_uninit(cx, buf)
+    }
+
     /// Creates a TCP connection to the specified address.
     ///
     /// # Examples
