@@ -323,6 +323,18 @@ impl<const N: usize> Spans<N> {
     /// The texts again, in `header` (the bytes the spans were taken from; a span that
     /// does not fit or is not UTF-8 there reads as absent).
     fn attach<'a>(&self, header: &'a [u8]) -> [Option<Text<'a>>; N] {
+        // A header that is text as a whole (a JSON one is) is checked once and each
+        // field sliced out of it (a char-boundary check): the same answer as a check
+        // per field, without a UTF-8 pass per field (~2% of a node's samples).
+        if let Ok(text) = std::str::from_utf8(header) {
+            return self.fields.map(|f| {
+                let (start, len, escaped) = f?;
+                Some(Text {
+                    raw: text.get(start as usize..start as usize + len as usize)?,
+                    escaped,
+                })
+            });
+        }
         self.fields.map(|f| {
             let (start, len, escaped) = f?;
             let bytes = header.get(start as usize..start as usize + len as usize)?;
@@ -468,6 +480,50 @@ mod tests {
         c.serialize_type = SerializeType::RocketMq;
         let (_, fast) = both(&c);
         assert_eq!(fast[SendField::Flag as usize].as_deref(), Some("2"));
+    }
+
+    /// Spans taken on the read loop give the task the same texts, whether the header is
+    /// text as a whole (JSON: one check) or not (binary lengths: a check per field), and
+    /// a span that does not fit or cuts a character reads as absent.
+    #[test]
+    fn spans_attach_to_the_same_texts() {
+        for kind in [SerializeType::Json, SerializeType::RocketMq] {
+            let mut c = RemotingCommand::request(
+                310,
+                1,
+                vec![
+                    ("b".into(), "T\u{e9}".into()),
+                    ("e".into(), "3".into()),
+                    // A length of 0x80+ makes a binary header invalid UTF-8 as a whole.
+                    ("i".into(), "p".repeat(200)),
+                ],
+            );
+            c.serialize_type = kind;
+            let wire = c.encode();
+            let header = &wire[8..];
+            let whole = std::str::from_utf8(header).is_ok();
+            assert_eq!(whole, kind == SerializeType::Json, "{kind:?}");
+            let view = HeaderView::parse(kind as u8, header).unwrap();
+            let raw = RawSend::from_view(&view);
+            let spans = raw.detach(header);
+            let again = RawSend::attach(&spans, header);
+            assert_eq!(again.fields, raw.fields, "{kind:?}");
+            let t = SendField::Topic as usize;
+            let (start, len, esc) = spans.fields[t].unwrap();
+            let mut cut = spans;
+            cut.fields[t] = Some((start, len - 1, esc));
+            assert_eq!(
+                RawSend::attach(&cut, header).fields[t],
+                None,
+                "cuts the e-acute"
+            );
+            cut.fields[t] = Some((header.len() as u32, 1, esc));
+            assert_eq!(
+                RawSend::attach(&cut, header).fields[t],
+                None,
+                "beyond the end"
+            );
+        }
     }
 
     #[test]
