@@ -53,18 +53,15 @@ fn yolo_peek(fd: RawFd, buf: &mut [u8]) -> Option<io::Result<usize>> {
 }
 
 fn yolo_recv(fd: RawFd, buf: &mut [u8]) -> Option<io::Result<usize>> {
-    match sys::recv_syscall(
-        fd,
-        buf.as_mut_ptr(),
-        buf.len(),
-        MsgFlags::MSG_DONTWAIT.bits(),
-    ) {
-        Ok(x) => Some(Ok(x)),
-        Err(err) => match err.kind() {
-            io::ErrorKind::WouldBlock => None,
-            _ => Some(Err(err)),
-        },
-    }
+    // coremq patch m: the same `recv`, through `yolo_recv_uninit`.
+    yolo_recv_uninit(fd, as_uninit(buf))
+}
+
+// coremq patch m: an initialized buffer seen as one that need not be (only written to).
+pub(crate) fn as_uninit(buf: &mut [u8]) -> &mut [std::mem::MaybeUninit<u8>] {
+    // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and the callers only let the kernel
+    // write received bytes into it, never an uninitialized value.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len()) }
 }
 
 // coremq patch m: `recv` into memory that need not be initialized (the kernel writes

@@ -258,14 +258,8 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         cx: &Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        // coremq patch m: an initialized buffer is read as an uninitialized one (only
-        // written to); the same code serves both.
-        // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and nothing uninitialized is
-        // written into `buf` (the kernel writes received bytes).
-        let buf = unsafe {
-            std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(), buf.len())
-        };
-        self.poll_read_uninit(cx, buf)
+        // coremq patch m: the same code reads into initialized and uninitialized room.
+        self.poll_read_uninit(cx, super::as_uninit(buf))
     }
 
     /// coremq patch m: [`Self::poll_read`] into memory that need not be initialized;
