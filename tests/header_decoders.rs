@@ -67,7 +67,11 @@ fn value() -> impl Strategy<Value = String> {
 
 fn command() -> impl Strategy<Value = (RemotingCommand, u8)> {
     (
-        any::<i16>(),
+        // The codes with a typed header often (the node collects it as it reads).
+        prop_oneof![
+            proptest::sample::select(vec![10i16, 310, 320, 11, 361]),
+            any::<i16>()
+        ],
         any::<i32>(),
         0i32..4,
         proptest::option::of(value()),

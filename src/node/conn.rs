@@ -33,8 +33,9 @@
 use super::NodeState;
 use super::out_queue::OutQueue;
 use super::processor::{self, Outcome, Reply, ReplyTo, Waiting};
-use super::remoting::codes::*;
-use super::remoting::headers::{PULL_FIELD_COUNT, RawPull, RawSend, SEND_FIELD_COUNT, Spans};
+use super::remoting::headers::{
+    PULL_FIELD_COUNT, PullHeader, SEND_FIELD_COUNT, SendHeader, Spans, Typed, typed_for_code,
+};
 use super::remoting::scan::HeaderView;
 use super::remoting::{self, FrameError, HEADER_WORD, LENGTH_PREFIX, RemotingCommand};
 use super::shard_net::LocalStop;
@@ -189,40 +190,28 @@ fn classify(frame: Bytes) -> Result<Option<Request>, FrameError> {
     if let Some(word) = word {
         let header_len = (word & 0x00FF_FFFF) as usize;
         let header = frame.get(HEADER_AT..HEADER_AT + header_len);
-        if let Some(Ok(view)) = header.map(|h| HeaderView::parse((word >> 24) as u8, h)) {
+        let kind = (word >> 24) as u8;
+        let parsed = header.map(|h| HeaderView::parse_typed(kind, h, typed_for_code));
+        if let Some(Ok((view, typed))) = parsed {
             if view.is_response() {
                 return Ok(None);
             }
-            let header = header.unwrap_or(&[]);
+            let (code, oneway) = (view.code, view.is_oneway());
             let to = ReplyTo {
                 opaque: view.opaque,
                 serialize_type: view.serialize_type,
             };
-            let (code, oneway) = (view.code, view.is_oneway());
-            match code {
-                SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => {
-                    let spans = RawSend::from_view(&view).detach(header);
-                    let at = InPlace {
-                        frame,
-                        header_len,
-                        code,
-                        oneway,
-                        to,
-                    };
-                    return Ok(Some(Request::Send(at, spans)));
-                }
-                PULL_MESSAGE | LITE_PULL_MESSAGE => {
-                    let spans = RawPull::from_view(&view).detach(header);
-                    let at = InPlace {
-                        frame,
-                        header_len,
-                        code,
-                        oneway,
-                        to,
-                    };
-                    return Ok(Some(Request::Pull(at, spans)));
-                }
-                _ => {}
+            let at = |frame| InPlace {
+                frame,
+                header_len,
+                code,
+                oneway,
+                to,
+            };
+            match typed {
+                Typed::Send(spans) => return Ok(Some(Request::Send(at(frame), spans))),
+                Typed::Pull(spans) => return Ok(Some(Request::Pull(at(frame), spans))),
+                Typed::Other => {}
             }
         }
     }
@@ -239,9 +228,8 @@ async fn serve_request(sh: Rc<Shared>, req: Request) {
     let st = &sh.st;
     let (outcome, to) = match req {
         Request::Send(at, spans) => {
-            let raw = RawSend::attach(&spans, at.header());
             let mut scratch = processor::PooledString::take();
-            let header = raw.resolve(scratch.get());
+            let header = SendHeader::resolve(&spans, at.header(), scratch.get());
             let body = at.body();
             let outcome =
                 processor::process_send(st, at.code, at.oneway, at.to, &header, &body, sh.peer)
@@ -252,9 +240,8 @@ async fn serve_request(sh: Rc<Shared>, req: Request) {
         // arm, and spawning copies it whole (the send is the per-message path).
         Request::Pull(at, spans) => {
             let outcome = Box::pin(async {
-                let raw = RawPull::attach(&spans, at.header());
                 let mut scratch = processor::PooledString::take();
-                let header = raw.resolve(scratch.get());
+                let header = PullHeader::resolve(&spans, at.header(), scratch.get());
                 processor::process_pull(st, at.code, at.oneway, at.to, &header).await
             })
             .await;

@@ -11,15 +11,20 @@
 //! Two ways in, one result:
 //! * [`SendHeader::from_command`] / [`PullHeader::from_command`]: from a decoded
 //!   command (the general path, every front end);
-//! * [`RawSend::from_view`] / [`RawPull::from_view`] then `resolve`: straight from the
-//!   frame's bytes through [`HeaderView`], nothing allocated; escaped JSON strings are
-//!   unescaped into a scratch string the caller keeps across requests.
+//! * [`HeaderView::parse_typed`](super::scan::HeaderView::parse_typed) collects the ext
+//!   fields of the typed header the request's code names as it reads the frame's
+//!   header, once, into [`Spans`] (offsets into the header, nothing allocated); the
+//!   request's task, which owns the frame, reads them with [`SendHeader::resolve`] /
+//!   [`PullHeader::resolve`], escaped JSON strings unescaped into a scratch string the
+//!   caller keeps across requests. Reading the ext fields twice (a check, then a
+//!   collecting pass) and copying the fields between arrays three times were ~22% of
+//!   a node's samples under single sends, ~6.5% in one pass (docs/performance/node.md).
 //!
 //! `tests/header_decoders.rs` checks that both give the same header on every input the
 //! view takes.
 
 use super::RemotingCommand;
-use super::scan::{HeaderView, Text};
+use super::scan::Text;
 
 /// `SendMessageRequestHeader`'s fields: `(long name, V2 one-letter name)`, in the order
 /// of [`SendField`].
@@ -114,18 +119,8 @@ impl<'a> SendHeader<'a> {
 
     /// The header of a decoded send request (codes 10, 310, 320).
     pub fn from_command(req: &'a RemotingCommand) -> SendHeader<'a> {
-        let positions = req.ext_fields.iter().enumerate().map(|(i, (k, v))| {
-            (
-                k.as_str(),
-                Some(Val {
-                    text: v.as_str(),
-                    at: Order::Pos(i as u32),
-                }),
-            )
-        });
-        let slots = collect_send(positions, false);
         SendHeader {
-            fields: slots.map(|s| s.map(|v| v.text)),
+            fields: collect_send(req),
         }
     }
 }
@@ -149,43 +144,33 @@ impl<'a> PullHeader<'a> {
     }
 }
 
-/// Where a value stands in the general decoder's order of ext fields: its position
-/// (binary, or a decoded command), or its key (JSON, whose keys the general decoder
-/// sorts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Order<'k> {
-    Pos(u32),
-    Key(&'k str),
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Val<'a, T> {
-    text: T,
-    at: Order<'a>,
-}
-
-type Slots<'a, T> = [Option<Val<'a, T>>; SEND_FIELD_COUNT];
-
-/// Collects the send fields from `(key, value)` pairs (a `None` value: JSON `null`),
-/// then maps one-letter names as RocketMQ does: when the header has no `topic` but a
-/// `b`, each field takes its one-letter value, or its long one when that comes first.
-/// `last_wins`: a key given twice counts at its last value (JSON), else its first.
-fn collect_send<'a, T: Copy>(
-    pairs: impl Iterator<Item = (&'a str, Option<Val<'a, T>>)>,
-    last_wins: bool,
-) -> Slots<'a, T> {
-    let mut long: Slots<'a, T> = [None; SEND_FIELD_COUNT];
-    let mut short: Slots<'a, T> = [None; SEND_FIELD_COUNT];
-    for (key, val) in pairs {
+/// Collects the send fields from a decoded command's ext fields (in the general
+/// decoder's order, its first value of a key), then maps one-letter names
+/// ([`map_short_names`]).
+fn collect_send(req: &RemotingCommand) -> [Option<&str>; SEND_FIELD_COUNT] {
+    let mut long = [None; SEND_FIELD_COUNT];
+    let mut short = [None; SEND_FIELD_COUNT];
+    for (pos, (key, val)) in req.ext_fields.iter().enumerate() {
         let (slots, i) = match send_index(key) {
             Some((true, i)) => (&mut long, i),
             Some((false, i)) => (&mut short, i),
             None => continue,
         };
-        if last_wins || slots[i].is_none() {
-            slots[i] = val;
+        if slots[i].is_none() {
+            slots[i] = Some((val.as_str(), pos));
         }
     }
+    map_short_names(long, short, |_, l, s| s.1 < l.1).map(|f| f.map(|(text, _)| text))
+}
+
+/// RocketMQ's mapping of one-letter names: when the header has no `topic` but a `b`,
+/// each field takes its one-letter value, or its long one when that comes first in
+/// the general decoder's order (`short_first`).
+fn map_short_names<T: Copy>(
+    long: [Option<T>; SEND_FIELD_COUNT],
+    short: [Option<T>; SEND_FIELD_COUNT],
+    short_first: impl Fn(usize, &T, &T) -> bool,
+) -> [Option<T>; SEND_FIELD_COUNT] {
     let topic = SendField::Topic as usize;
     if long[topic].is_some() || short[topic].is_none() {
         return long;
@@ -193,7 +178,7 @@ fn collect_send<'a, T: Copy>(
     let mut out = long;
     for i in 0..SEND_FIELD_COUNT {
         out[i] = match (long[i], short[i]) {
-            (Some(l), Some(s)) => Some(if s.at < l.at { s } else { l }),
+            (Some(l), Some(s)) => Some(if short_first(i, &l, &s) { s } else { l }),
             (l, s) => s.or(l),
         };
     }
@@ -217,194 +202,286 @@ const SHORT_INDEX: [u8; 128] = {
 fn send_index(key: &str) -> Option<(bool, usize)> {
     if let &[b] = key.as_bytes() {
         // A V2 header's names are all one letter: a table, not a search.
-        match SHORT_INDEX.get(b as usize) {
+        return match SHORT_INDEX.get(b as usize) {
             Some(&i) if i != u8::MAX => Some((false, i as usize)),
             _ => None,
-        }
-    } else {
-        SEND_FIELDS
-            .iter()
-            .position(|(l, _)| *l == key)
-            .map(|i| (true, i))
+        };
+    }
+    // A match (by length, then the bytes), not a search of the table.
+    let f = match key {
+        "producerGroup" => SendField::ProducerGroup,
+        "topic" => SendField::Topic,
+        "defaultTopic" => SendField::DefaultTopic,
+        "defaultTopicQueueNums" => SendField::DefaultTopicQueueNums,
+        "queueId" => SendField::QueueId,
+        "sysFlag" => SendField::SysFlag,
+        "bornTimestamp" => SendField::BornTimestamp,
+        "flag" => SendField::Flag,
+        "properties" => SendField::Properties,
+        "reconsumeTimes" => SendField::ReconsumeTimes,
+        "unitMode" => SendField::UnitMode,
+        "maxReconsumeTimes" => SendField::MaxReconsumeTimes,
+        "batch" => SendField::Batch,
+        "brokerName" => SendField::BrokerName,
+        _ => return None,
+    };
+    Some((true, f as usize))
+}
+
+/// The field index of a pull header key.
+fn pull_index(key: &str) -> Option<usize> {
+    let f = match key {
+        "consumerGroup" => PullField::ConsumerGroup,
+        "topic" => PullField::Topic,
+        "queueId" => PullField::QueueId,
+        "queueOffset" => PullField::QueueOffset,
+        "maxMsgNums" => PullField::MaxMsgNums,
+        "sysFlag" => PullField::SysFlag,
+        "commitOffset" => PullField::CommitOffset,
+        "suspendTimeoutMillis" => PullField::SuspendTimeoutMillis,
+        "subscription" => PullField::Subscription,
+        "subVersion" => PullField::SubVersion,
+        "expressionType" => PullField::ExpressionType,
+        _ => return None,
+    };
+    Some(f as usize)
+}
+
+/// Where one field's text lies in its header: start, length, whether it has JSON
+/// escapes to apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    start: u32,
+    len: u32,
+    escaped: bool,
+}
+
+impl Span {
+    /// The span of `t`, a text inside `header` (`None` if it is not).
+    fn of(t: Text<'_>, header: &[u8]) -> Option<Span> {
+        let start = (t.raw.as_ptr() as usize).checked_sub(header.as_ptr() as usize)?;
+        (start + t.raw.len() <= header.len()).then_some(Span {
+            start: start as u32,
+            len: t.raw.len() as u32,
+            escaped: t.escaped,
+        })
     }
 }
 
-/// A send header read in place, before escapes are applied ([`RawSend::resolve`]).
-#[derive(Debug, Clone, Copy)]
-pub struct RawSend<'a> {
-    fields: [Option<Text<'a>>; SEND_FIELD_COUNT],
-}
-
-/// A pull header read in place, before escapes are applied ([`RawPull::resolve`]).
-#[derive(Debug, Clone, Copy)]
-pub struct RawPull<'a> {
-    fields: [Option<Text<'a>>; PULL_FIELD_COUNT],
-}
-
-impl<'a> RawSend<'a> {
-    /// The send fields of a header read in place.
-    pub fn from_view(view: &HeaderView<'a>) -> RawSend<'a> {
-        let json = view.last_wins();
-        let pairs = view.ext_fields().enumerate().map(|(i, f)| {
-            let at = if json {
-                Order::Key(f.key)
-            } else {
-                Order::Pos(i as u32)
-            };
-            (f.key, f.value.map(|text| Val { text, at }))
-        });
-        RawSend {
-            fields: collect_send(pairs, json).map(|s| s.map(|v| v.text)),
-        }
-    }
-
-    /// The header, escaped strings unescaped into `scratch` (cleared first).
-    pub fn resolve<'s>(&self, scratch: &'s mut String) -> SendHeader<'s>
-    where
-        'a: 's,
-    {
-        SendHeader {
-            fields: resolve(&self.fields, scratch),
-        }
-    }
-}
-
-impl<'a> RawPull<'a> {
-    /// The pull fields of a header read in place.
-    pub fn from_view(view: &HeaderView<'a>) -> RawPull<'a> {
-        let last_wins = view.last_wins();
-        let mut fields = [None; PULL_FIELD_COUNT];
-        for f in view.ext_fields() {
-            if let Some(i) = PULL_FIELDS.iter().position(|n| *n == f.key)
-                && (last_wins || fields[i].is_none())
-            {
-                fields[i] = f.value;
-            }
-        }
-        RawPull { fields }
-    }
-
-    /// The header, escaped strings unescaped into `scratch` (cleared first).
-    pub fn resolve<'s>(&self, scratch: &'s mut String) -> PullHeader<'s>
-    where
-        'a: 's,
-    {
-        PullHeader {
-            fields: resolve(&self.fields, scratch),
-        }
-    }
-}
-
-/// A header's field texts as offsets into the header bytes: what a task that owns the
-/// frame needs to read them again without parsing ([`Spans::attach`]).
-#[derive(Debug, Clone, Copy)]
+/// A typed header's field texts as spans of its header bytes: what the reader of a
+/// frame hands to the request's task, which owns the frame and reads the texts from
+/// them without parsing again ([`SendHeader::resolve`], [`PullHeader::resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spans<const N: usize> {
-    /// Start, length, whether escaped.
-    fields: [Option<(u32, u32, bool)>; N],
+    fields: [Option<Span>; N],
+}
+
+/// The typed header a header's ext fields were collected into, by its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Typed {
+    Send(Spans<SEND_FIELD_COUNT>),
+    Pull(Spans<PULL_FIELD_COUNT>),
+    /// A code without a typed header: nothing collected.
+    Other,
+}
+
+/// Which typed header a request code has (codes 10, 310, 320: send; 11, 361: pull).
+pub fn typed_for_code(code: i32) -> Want {
+    use super::codes::{
+        LITE_PULL_MESSAGE, PULL_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGE, SEND_MESSAGE_V2,
+    };
+    match code {
+        SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => Want::Send,
+        PULL_MESSAGE | LITE_PULL_MESSAGE => Want::Pull,
+        _ => Want::Other,
+    }
+}
+
+/// Which typed header to collect a header's ext fields into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    Send,
+    Pull,
+    Other,
+}
+
+/// A send or pull header's ext fields, collected one by one as the header is read
+/// (once, in [`super::scan::HeaderView::parse_typed`]), into spans of the header.
+// A temporary of one parse on its stack: boxing the large variant would allocate per
+// request.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Collect {
+    Send {
+        long: [Option<(Span, u32)>; SEND_FIELD_COUNT],
+        short: [Option<(Span, u32)>; SEND_FIELD_COUNT],
+    },
+    Pull([Option<Span>; PULL_FIELD_COUNT]),
+    Other,
+}
+
+impl Collect {
+    pub(crate) fn new(want: Want) -> Collect {
+        match want {
+            Want::Send => Collect::Send {
+                long: [None; SEND_FIELD_COUNT],
+                short: [None; SEND_FIELD_COUNT],
+            },
+            Want::Pull => Collect::Pull([None; PULL_FIELD_COUNT]),
+            Want::Other => Collect::Other,
+        }
+    }
+
+    /// Ext field number `pos` (wire order) of `header`: `key`, and its value (`None`:
+    /// JSON `null`). `last_wins`: a key given twice counts at its last value (JSON),
+    /// else its first (binary).
+    pub(crate) fn field(
+        &mut self,
+        pos: u32,
+        key: &str,
+        value: Option<Text<'_>>,
+        header: &[u8],
+        last_wins: bool,
+    ) {
+        match self {
+            Collect::Send { long, short } => {
+                let (slots, i) = match send_index(key) {
+                    Some((true, i)) => (long, i),
+                    Some((false, i)) => (short, i),
+                    None => return,
+                };
+                if last_wins || slots[i].is_none() {
+                    slots[i] = value.and_then(|t| Span::of(t, header)).map(|s| (s, pos));
+                }
+            }
+            Collect::Pull(slots) => {
+                if let Some(i) = pull_index(key)
+                    && (last_wins || slots[i].is_none())
+                {
+                    slots[i] = value.and_then(|t| Span::of(t, header));
+                }
+            }
+            Collect::Other => {}
+        }
+    }
+
+    /// The typed header collected. `last_wins` as for [`Collect::field`]: it also says
+    /// the general decoder's order (JSON: by key; binary: by position).
+    pub(crate) fn finish(self, last_wins: bool) -> Typed {
+        match self {
+            Collect::Send { long, short } => {
+                let fields = map_short_names(long, short, |i, l, s| {
+                    if last_wins {
+                        // JSON: the general decoder sorts keys.
+                        SEND_FIELDS[i].1 < SEND_FIELDS[i].0
+                    } else {
+                        s.1 < l.1
+                    }
+                });
+                Typed::Send(Spans {
+                    fields: fields.map(|f| f.map(|(s, _)| s)),
+                })
+            }
+            Collect::Pull(fields) => Typed::Pull(Spans { fields }),
+            Collect::Other => Typed::Other,
+        }
+    }
 }
 
 impl<const N: usize> Spans<N> {
-    fn detach(fields: &[Option<Text<'_>>; N], header: &[u8]) -> Spans<N> {
-        let base = header.as_ptr() as usize;
-        Spans {
-            fields: fields.map(|f| {
-                f.and_then(|t| {
-                    let start = (t.raw.as_ptr() as usize).checked_sub(base)?;
-                    (start + t.raw.len() <= header.len()).then_some((
-                        start as u32,
-                        t.raw.len() as u32,
-                        t.escaped,
-                    ))
-                })
-            }),
-        }
-    }
-
-    /// The texts again, in `header` (the bytes the spans were taken from; a span that
-    /// does not fit or is not UTF-8 there reads as absent).
-    fn attach<'a>(&self, header: &'a [u8]) -> [Option<Text<'a>>; N] {
+    /// The texts in `header` (the bytes the spans were taken from), escapes applied
+    /// into `scratch` (cleared first); a span that does not fit or is not UTF-8 there
+    /// reads as absent.
+    fn resolve<'s>(&self, header: &'s [u8], scratch: &'s mut String) -> [Option<&'s str>; N] {
         // A header that is text as a whole (a JSON one is) is checked once and each
         // field sliced out of it (a char-boundary check): the same answer as a check
         // per field, without a UTF-8 pass per field (~2% of a node's samples).
         let text = std::str::from_utf8(header).ok();
-        self.fields.map(|f| {
-            let (start, len, escaped) = f?;
+        scratch.clear();
+        let mut out: [Option<Result<&'s str, (usize, usize)>>; N] = [None; N];
+        for (o, f) in out.iter_mut().zip(&self.fields) {
+            let Some(Span {
+                start,
+                len,
+                escaped,
+            }) = *f
+            else {
+                continue;
+            };
             let span = start as usize..start as usize + len as usize;
             let raw = match text {
-                Some(text) => text.get(span)?,
-                None => std::str::from_utf8(header.get(span)?).ok()?,
+                Some(text) => text.get(span),
+                None => header.get(span).and_then(|b| std::str::from_utf8(b).ok()),
             };
-            Some(Text { raw, escaped })
+            *o = raw.map(|raw| {
+                if escaped {
+                    let at = scratch.len();
+                    Text { raw, escaped }.unescape_into(scratch);
+                    Err((at, scratch.len()))
+                } else {
+                    Ok(raw)
+                }
+            });
+        }
+        let scratch: &'s String = scratch;
+        out.map(|s| {
+            s.map(|r| match r {
+                Ok(s) => s,
+                Err((a, b)) => scratch.get(a..b).unwrap_or(""),
+            })
         })
     }
 }
 
-impl<'a> RawSend<'a> {
-    /// The fields as offsets into `header` (the bytes the view was parsed from).
-    pub fn detach(&self, header: &'a [u8]) -> Spans<SEND_FIELD_COUNT> {
-        Spans::detach(&self.fields, header)
-    }
-
-    /// The fields from their offsets into `header`.
-    pub fn attach(spans: &Spans<SEND_FIELD_COUNT>, header: &'a [u8]) -> RawSend<'a> {
-        RawSend {
-            fields: spans.attach(header),
+impl<'s> SendHeader<'s> {
+    /// The send header from its spans in `header`, escapes applied into `scratch`.
+    pub fn resolve(
+        spans: &Spans<SEND_FIELD_COUNT>,
+        header: &'s [u8],
+        scratch: &'s mut String,
+    ) -> SendHeader<'s> {
+        SendHeader {
+            fields: spans.resolve(header, scratch),
         }
     }
 }
 
-impl<'a> RawPull<'a> {
-    /// The fields as offsets into `header` (the bytes the view was parsed from).
-    pub fn detach(&self, header: &'a [u8]) -> Spans<PULL_FIELD_COUNT> {
-        Spans::detach(&self.fields, header)
-    }
-
-    /// The fields from their offsets into `header`.
-    pub fn attach(spans: &Spans<PULL_FIELD_COUNT>, header: &'a [u8]) -> RawPull<'a> {
-        RawPull {
-            fields: spans.attach(header),
+impl<'s> PullHeader<'s> {
+    /// The pull header from its spans in `header`, escapes applied into `scratch`.
+    pub fn resolve(
+        spans: &Spans<PULL_FIELD_COUNT>,
+        header: &'s [u8],
+        scratch: &'s mut String,
+    ) -> PullHeader<'s> {
+        PullHeader {
+            fields: spans.resolve(header, scratch),
         }
     }
-}
-
-/// Each text as a `&str`: in place when it has no escapes, else unescaped into
-/// `scratch`.
-fn resolve<'a: 's, 's, const N: usize>(
-    fields: &[Option<Text<'a>>; N],
-    scratch: &'s mut String,
-) -> [Option<&'s str>; N] {
-    scratch.clear();
-    let mut spans: [Option<Result<&'a str, (usize, usize)>>; N] = [None; N];
-    for (span, field) in spans.iter_mut().zip(fields) {
-        *span = field.map(|t| match t.as_plain() {
-            Some(s) => Ok(s),
-            None => {
-                let start = scratch.len();
-                t.unescape_into(scratch);
-                Err((start, scratch.len()))
-            }
-        });
-    }
-    let scratch: &'s String = scratch;
-    spans.map(|s| {
-        s.map(|r| match r {
-            Ok(s) => s,
-            Err((a, b)) => scratch.get(a..b).unwrap_or(""),
-        })
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::remoting::scan::HeaderView;
     use crate::node::remoting::{SerializeType, decode_frame};
+
+    /// The send spans of `header` (collected whatever its code).
+    fn send_spans(kind: u8, header: &[u8]) -> Spans<SEND_FIELD_COUNT> {
+        match HeaderView::parse_typed(kind, header, |_| Want::Send)
+            .unwrap()
+            .1
+        {
+            Typed::Send(spans) => spans,
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn both(c: &RemotingCommand) -> (SendHeader<'_>, Vec<Option<String>>) {
         let wire = c.encode();
         let (back, _) = decode_frame(&wire, 1 << 20).unwrap().unwrap();
         let mut scratch = String::new();
-        let view = HeaderView::parse(c.serialize_type as u8, &wire[8..]).unwrap();
-        let fast = RawSend::from_view(&view).resolve(&mut scratch);
+        let header = &wire[8..];
+        let spans = send_spans(c.serialize_type as u8, header);
+        let fast = SendHeader::resolve(&spans, header, &mut scratch);
         let fast: Vec<Option<String>> = fast.fields.iter().map(|f| f.map(String::from)).collect();
         let slow: Vec<Option<String>> = SendHeader::from_command(&back)
             .fields
@@ -479,7 +556,7 @@ mod tests {
     /// text as a whole (JSON: one check) or not (binary lengths: a check per field), and
     /// a span that does not fit or cuts a character reads as absent.
     #[test]
-    fn spans_attach_to_the_same_texts() {
+    fn spans_resolve_to_the_same_texts() {
         for kind in [SerializeType::Json, SerializeType::RocketMq] {
             let mut c = RemotingCommand::request(
                 310,
@@ -496,37 +573,76 @@ mod tests {
             let header = &wire[8..];
             let whole = std::str::from_utf8(header).is_ok();
             assert_eq!(whole, kind == SerializeType::Json, "{kind:?}");
-            let view = HeaderView::parse(kind as u8, header).unwrap();
-            let raw = RawSend::from_view(&view);
-            let spans = raw.detach(header);
-            let again = RawSend::attach(&spans, header);
-            assert_eq!(again.fields, raw.fields, "{kind:?}");
+            let spans = send_spans(kind as u8, header);
+            let mut scratch = String::new();
+            let h = SendHeader::resolve(&spans, header, &mut scratch);
+            assert_eq!(h.get(SendField::Topic), Some("T\u{e9}"), "{kind:?}");
+            assert_eq!(h.get(SendField::Properties), Some(&*"p".repeat(200)));
             let t = SendField::Topic as usize;
-            let (start, len, esc) = spans.fields[t].unwrap();
+            let span = spans.fields[t].unwrap();
             let mut cut = spans;
-            cut.fields[t] = Some((start, len - 1, esc));
-            assert_eq!(
-                RawSend::attach(&cut, header).fields[t],
-                None,
-                "cuts the e-acute"
-            );
-            cut.fields[t] = Some((header.len() as u32, 1, esc));
-            assert_eq!(
-                RawSend::attach(&cut, header).fields[t],
-                None,
-                "beyond the end"
-            );
+            cut.fields[t] = Some(Span {
+                len: span.len - 1,
+                ..span
+            });
+            let h = SendHeader::resolve(&cut, header, &mut scratch);
+            assert_eq!(h.get(SendField::Topic), None, "cuts the e-acute");
+            cut.fields[t] = Some(Span {
+                start: header.len() as u32,
+                len: 1,
+                ..span
+            });
+            let h = SendHeader::resolve(&cut, header, &mut scratch);
+            assert_eq!(h.get(SendField::Topic), None, "beyond the end");
         }
+    }
+
+    /// The node collects the typed header its code names, in the same pass as the
+    /// rest of the header; a JSON header whose code comes after its ext fields, or
+    /// changes after them (given twice: the last counts), gets the same result.
+    #[test]
+    fn the_code_picks_the_typed_header_wherever_it_stands() {
+        let send = br#"{"code":310,"extFields":{"b":"T","e":"3"},"flag":0}"#;
+        let late = br#"{"extFields":{"b":"T","e":"3"},"flag":0,"code":310}"#;
+        let changed = br#"{"code":11,"extFields":{"b":"T","e":"3"},"code":310}"#;
+        let mut s = String::new();
+        for h in [&send[..], late, changed] {
+            let (view, typed) = HeaderView::parse_typed(0, h, typed_for_code).unwrap();
+            assert_eq!(view.code, 310);
+            let Typed::Send(spans) = typed else {
+                panic!("{typed:?}")
+            };
+            let header = SendHeader::resolve(&spans, h, &mut s);
+            assert_eq!(header.get(SendField::Topic), Some("T"));
+            assert_eq!(header.get(SendField::QueueId), Some("3"));
+        }
+        let pull = br#"{"code":11,"extFields":{"topic":"T","queueId":"2"}}"#;
+        let (_, typed) = HeaderView::parse_typed(0, pull, typed_for_code).unwrap();
+        let Typed::Pull(spans) = typed else {
+            panic!("{typed:?}")
+        };
+        assert_eq!(
+            PullHeader::resolve(&spans, pull, &mut s).get(PullField::QueueId),
+            Some("2")
+        );
+        let other = br#"{"code":34,"extFields":{"topic":"T"}}"#;
+        let (_, typed) = HeaderView::parse_typed(0, other, typed_for_code).unwrap();
+        assert_eq!(typed, Typed::Other);
+        // An extFields given twice: only the last one's fields.
+        let twice = br#"{"code":310,"extFields":{"b":"T","e":"3"},"extFields":{"b":"U"}}"#;
+        let spans = send_spans(0, twice);
+        let header = SendHeader::resolve(&spans, twice, &mut s);
+        assert_eq!(header.get(SendField::Topic), Some("U"));
+        assert_eq!(header.get(SendField::QueueId), None);
     }
 
     #[test]
     fn json_null_and_repeated_keys() {
         let header =
             br#"{"code":10,"extFields":{"topic":"A","topic":"B","queueId":"1","queueId":null}}"#;
-        let view = HeaderView::parse(0, header).unwrap();
+        let spans = send_spans(0, header);
         let mut s = String::new();
-        let raw = RawSend::from_view(&view);
-        let h = raw.resolve(&mut s);
+        let h = SendHeader::resolve(&spans, header, &mut s);
         assert_eq!(h.get(SendField::Topic), Some("B"));
         assert_eq!(h.get(SendField::QueueId), None);
     }
@@ -544,10 +660,15 @@ mod tests {
             ],
         );
         let wire = c.encode();
-        let view = HeaderView::parse(0, &wire[8..]).unwrap();
+        let header = &wire[8..];
+        let Typed::Pull(spans) = HeaderView::parse_typed(0, header, |_| Want::Pull)
+            .unwrap()
+            .1
+        else {
+            panic!("not collected")
+        };
         let mut s = String::new();
-        let raw = RawPull::from_view(&view);
-        let fast = raw.resolve(&mut s);
+        let fast = PullHeader::resolve(&spans, header, &mut s);
         assert_eq!(fast, PullHeader::from_command(&c));
         assert_eq!(fast.get(PullField::Subscription), Some("a || \"b\""));
     }

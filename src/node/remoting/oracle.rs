@@ -9,7 +9,7 @@
 //! view declines it. A header the view declines goes to the general decoder, so that
 //! direction needs no check.
 
-use super::headers::{PullHeader, RawPull, RawSend, SendHeader};
+use super::headers::{PullHeader, SendHeader, Typed, Want, typed_for_code};
 use super::scan::HeaderView;
 use super::{HEADER_WORD, MAX_HEADER_LEN, decode_payload};
 
@@ -54,31 +54,46 @@ pub fn check_header(kind: u8, header: &[u8]) -> Result<(), String> {
         format!("{:?}", view.remark.map(|t| t.to_owned_string())),
         format!("{:?}", cmd.remark),
     )?;
+    // Every header through both typed headers, whatever its code (the node collects
+    // the one its code names).
     let mut scratch = String::new();
-    let raw = RawSend::from_view(&view);
-    let ours = raw.resolve(&mut scratch);
     let theirs = SendHeader::from_command(&cmd);
-    if ours != theirs {
-        return Err(format!("send header: view {ours:?}, general {theirs:?}"));
+    match HeaderView::parse_typed(kind, header, |_| Want::Send) {
+        Ok((_, Typed::Send(spans))) => {
+            let ours = SendHeader::resolve(&spans, header, &mut scratch);
+            if ours != theirs {
+                return Err(format!("send header: view {ours:?}, general {theirs:?}"));
+            }
+        }
+        other => return Err(format!("send header not collected: {other:?}")),
     }
-    let mut scratch2 = String::new();
-    let again = RawSend::attach(&raw.detach(header), header).resolve(&mut scratch2);
-    if again != theirs {
-        return Err(format!(
-            "send header through spans: {again:?}, general {theirs:?}"
-        ));
-    }
-    let raw = RawPull::from_view(&view);
-    let ours = raw.resolve(&mut scratch);
     let theirs = PullHeader::from_command(&cmd);
-    if ours != theirs {
-        return Err(format!("pull header: view {ours:?}, general {theirs:?}"));
+    match HeaderView::parse_typed(kind, header, |_| Want::Pull) {
+        Ok((_, Typed::Pull(spans))) => {
+            let ours = PullHeader::resolve(&spans, header, &mut scratch);
+            if ours != theirs {
+                return Err(format!("pull header: view {ours:?}, general {theirs:?}"));
+            }
+        }
+        other => return Err(format!("pull header not collected: {other:?}")),
     }
-    let again = RawPull::attach(&raw.detach(header), header).resolve(&mut scratch2);
-    if again != theirs {
-        return Err(format!(
-            "pull header through spans: {again:?}, general {theirs:?}"
-        ));
+    // And the way the node reads it: the typed header its code names.
+    let by_code = match HeaderView::parse_typed(kind, header, typed_for_code) {
+        Ok((_, Typed::Send(spans))) => Some(format!(
+            "{:?}",
+            SendHeader::resolve(&spans, header, &mut scratch)
+        ))
+        .filter(|ours| *ours != format!("{:?}", SendHeader::from_command(&cmd))),
+        Ok((_, Typed::Pull(spans))) => Some(format!(
+            "{:?}",
+            PullHeader::resolve(&spans, header, &mut scratch)
+        ))
+        .filter(|ours| *ours != format!("{:?}", PullHeader::from_command(&cmd))),
+        Ok((_, Typed::Other)) => None,
+        Err(_) => Some("declined".to_string()),
+    };
+    if let Some(ours) = by_code {
+        return Err(format!("code {}: the node's typed header {ours}", cmd.code));
     }
     Ok(())
 }

@@ -2,8 +2,9 @@
 //!
 //! [`HeaderView::parse`] reads a header (JSON or RocketMQ's binary layout) straight from
 //! the frame's bytes: the fixed fields as numbers, the remark and the ext fields as
-//! spans of the header. Nothing is allocated and no value tree is built; the typed
-//! decoders (`headers.rs`) then walk the ext fields once.
+//! spans of the header. Nothing is allocated and no value tree is built.
+//! [`HeaderView::parse_typed`] also hands each ext field, as it reads it, to the typed
+//! header (`headers.rs`) the request's code names, so the node reads them once.
 //!
 //! The view takes only headers it reads exactly as the general decoders do
 //! (`json_header.rs` through serde_json, `binary_header.rs`), and answers [`Declined`]
@@ -20,6 +21,7 @@
 //! their JSON text; `code`, `version`, `opaque`, `flag` may be integers or strings.
 //! Binary rules: `binary_header.rs`'s, with a field given twice read at its first.
 
+use super::headers::{Collect, Typed, Want};
 use super::{BINARY_FIXED_LEN, SerializeType};
 
 /// The header is not one this view reads exactly as the general decoder: use that.
@@ -122,11 +124,37 @@ pub struct ExtField<'a> {
 impl<'a> HeaderView<'a> {
     /// Reads a header of `kind` (the frame's serialize-type byte).
     pub fn parse(kind: u8, header: &'a [u8]) -> Scan<HeaderView<'a>> {
-        match kind {
-            0 => parse_json(header),
-            1 => parse_binary(header),
-            _ => Err(Declined),
-        }
+        Self::parse_typed(kind, header, |_| Want::Other).map(|(v, _)| v)
+    }
+
+    /// Reads a header of `kind` and collects its ext fields into the typed header
+    /// `want` names for its code ([`super::headers::typed_for_code`] on the node), in
+    /// the same pass: each field is read once. (A JSON header whose `code` comes after
+    /// its `extFields`, which no client we know writes, gets a second pass over them.)
+    pub fn parse_typed(
+        kind: u8,
+        header: &'a [u8],
+        want: impl Fn(i32) -> Want,
+    ) -> Scan<(HeaderView<'a>, Typed)> {
+        let (view, collected) = match kind {
+            0 => parse_json(header, &want)?,
+            1 => parse_binary(header, &want)?,
+            _ => return Err(Declined),
+        };
+        let last_wins = view.last_wins();
+        let typed = match collected {
+            Some((code, c)) if code == view.code => c.finish(last_wins),
+            _ => {
+                let mut c = Collect::new(want(view.code));
+                if !matches!(c, Collect::Other) {
+                    for (pos, f) in view.ext_fields().enumerate() {
+                        c.field(pos as u32, f.key, f.value, header, last_wins);
+                    }
+                }
+                c.finish(last_wins)
+            }
+        };
+        Ok((view, typed))
     }
 
     pub fn is_response(&self) -> bool {
@@ -374,25 +402,31 @@ fn json_i32_or_zero(v: Value<'_>) -> Scan<i32> {
     }
 }
 
-/// Checks an `extFields` object at the cursor (on its `{`); returns its text. Every key
-/// is a string without escapes, every value a string, an integer, a boolean or null.
-fn json_ext_object<'a>(lex: &mut Lex<'a>) -> Scan<&'a str> {
+/// Checks an `extFields` object at the cursor (on its `{`), handing each field to
+/// `collect`; returns its text. Every key is a string without escapes, every value a
+/// string, an integer, a boolean or null.
+fn json_ext_object<'a>(lex: &mut Lex<'a>, collect: &mut Collect) -> Scan<&'a str> {
     let start = lex.at;
     lex.eat(b'{').ok_or(Declined)?;
     lex.ws();
     if lex.peek() == Some(b'}') {
         lex.at += 1;
     } else {
+        let mut pos = 0;
         loop {
             let key = lex.string().ok_or(Declined)?;
             if key.escaped {
                 return Err(Declined);
             }
             lex.eat(b':').ok_or(Declined)?;
-            match lex.value().ok_or(Declined)? {
-                Value::Str(_) | Value::Int(_) | Value::Bool(_) | Value::Null => {}
+            let value = match lex.value().ok_or(Declined)? {
+                Value::Str(t) => Some(t),
+                Value::Int(t) | Value::Bool(t) => Some(Text::plain(t)),
+                Value::Null => None,
                 Value::Object | Value::Array => return Err(Declined),
-            }
+            };
+            collect.field(pos, key.raw, value, lex.s.as_bytes(), true);
+            pos += 1;
             if !lex.member_end().ok_or(Declined)? {
                 break;
             }
@@ -427,8 +461,15 @@ fn json_next_field<'a>(lex: &mut Lex<'a>, first: bool) -> Option<ExtField<'a>> {
     })
 }
 
-fn parse_json(header: &[u8]) -> Scan<HeaderView<'_>> {
+/// What a parse collected while reading: the code it collected for, and the fields.
+type Collected = Option<(i32, Collect)>;
+
+fn parse_json<'a>(
+    header: &'a [u8],
+    want: &dyn Fn(i32) -> Want,
+) -> Scan<(HeaderView<'a>, Collected)> {
     let s = std::str::from_utf8(header).map_err(|_| Declined)?;
+    let mut collected: Collected = None;
     let mut lex = Lex { s, at: 0 };
     let mut code = None;
     let (mut version, mut opaque, mut flag) = (0, 0, 0);
@@ -467,8 +508,17 @@ fn parse_json(header: &[u8]) -> Scan<HeaderView<'_>> {
                     }
                 }
                 "extFields" => {
+                    // Given twice, the last counts: what an earlier one collected goes.
+                    collected = None;
                     ext = match value {
-                        Value::Object => Ext::Json(json_ext_object(&mut lex)?),
+                        Value::Object => {
+                            // Collected as read when the code came first (it does in
+                            // every client's header we know), else after the parse.
+                            let mut c = Collect::new(code.map_or(Want::Other, want));
+                            let text = json_ext_object(&mut lex, &mut c)?;
+                            collected = code.map(|code| (code, c));
+                            Ext::Json(text)
+                        }
                         Value::Str(_) | Value::Int(_) | Value::Bool(_) | Value::Null => Ext::None,
                         Value::Array => return Err(Declined),
                     }
@@ -490,7 +540,7 @@ fn parse_json(header: &[u8]) -> Scan<HeaderView<'_>> {
     if lex.at != s.len() {
         return Err(Declined);
     }
-    Ok(HeaderView {
+    let view = HeaderView {
         code: code.ok_or(Declined)?,
         version,
         opaque,
@@ -498,7 +548,8 @@ fn parse_json(header: &[u8]) -> Scan<HeaderView<'_>> {
         serialize_type: SerializeType::Json,
         remark,
         ext,
-    })
+    };
+    Ok((view, collected))
 }
 
 // ---------------------------------------------------------------------------------
@@ -547,7 +598,10 @@ fn binary_next_field<'a>(rest: &mut &'a [u8]) -> Option<ExtField<'a>> {
     binary_field(rest).ok()
 }
 
-fn parse_binary(header: &[u8]) -> Scan<HeaderView<'_>> {
+fn parse_binary<'a>(
+    header: &'a [u8],
+    want: &dyn Fn(i32) -> Want,
+) -> Scan<(HeaderView<'a>, Collected)> {
     if header.len() < BINARY_FIXED_LEN {
         return Err(Declined);
     }
@@ -565,11 +619,15 @@ fn parse_binary(header: &[u8]) -> Scan<HeaderView<'_>> {
     };
     let ext_len = usize::try_from(be_i32(&mut c)?).map_err(|_| Declined)?;
     let ext = take(&mut c, ext_len)?;
+    let mut collect = Collect::new(want(code));
     let mut check = ext;
+    let mut pos = 0;
     while !check.is_empty() {
-        binary_field(&mut check)?;
+        let f = binary_field(&mut check)?;
+        collect.field(pos, f.key, f.value, header, false);
+        pos += 1;
     }
-    Ok(HeaderView {
+    let view = HeaderView {
         code,
         version,
         opaque,
@@ -581,7 +639,8 @@ fn parse_binary(header: &[u8]) -> Scan<HeaderView<'_>> {
         } else {
             Ext::Binary(ext)
         },
-    })
+    };
+    Ok((view, Some((code, collect))))
 }
 
 #[cfg(test)]
