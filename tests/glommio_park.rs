@@ -334,3 +334,34 @@ fn a_bounded_task_queue_lets_timers_fire_between_its_turns() {
         assert_eq!(rounds, 3, "unconditional yields: {unconditional}");
     }
 }
+
+/// `(n)`: a task's header takes its executor's sleep notifier from a per-thread cache of
+/// the last lookup. Executors made one after another on one thread each get their own:
+/// a task of each, parked on a wake from another thread, is woken through it (a task
+/// given a dead executor's notifier would never be woken: the watchdog fails the test;
+/// one given none panics at spawn).
+#[test]
+fn executors_in_turn_on_one_thread_each_get_their_own_notifier() {
+    watched("notifier-test", |progress| {
+        for round in 0..5 {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .make()
+                .expect("make executor");
+            ex.run(async move {
+                for _ in 0..3 {
+                    let (tx, rx) = flume::bounded::<u32>(1);
+                    let sender = std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(2));
+                        tx.send(round).expect("receiver alive");
+                    });
+                    let got = glommio::spawn_local(async move { rx.recv_async().await })
+                        .await
+                        .expect("sender alive");
+                    assert_eq!(got, round);
+                    sender.join().expect("sender thread");
+                }
+            });
+            progress.send(()).expect("watchdog gone");
+        }
+    });
+}
