@@ -216,6 +216,45 @@ fn bad_ids_and_requests_after_shutdown() {
     ));
 }
 
+/// `put_and_return` stores on the owning shard, from outside threads and from the
+/// other shard, and hands the very message back.
+#[test]
+fn put_and_return_stores_and_hands_the_message_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ShardedStore::open(config(dir.path(), 2)).unwrap();
+    let h = store.handle();
+    for q in 0..4 {
+        let sent = message("Back", q, q as u64);
+        let (r, back) = block_on(h.put_and_return(sent.clone()));
+        assert_eq!(r.status, PutStatus::PutOk);
+        let back = back.expect("the message comes back");
+        assert_eq!((back.topic.as_str(), back.queue_id), ("Back", q));
+        assert_eq!(back.body, sent.body);
+        assert_eq!(back.properties, sent.properties);
+    }
+    // From shard 0's own task, to queues of both shards (one routed).
+    let h2 = h.clone();
+    let routed = block_on(h.run_on(0, move |_ctx| async move {
+        let mut out = Vec::new();
+        for q in 4..8 {
+            let (r, back) = h2.put_and_return(message("Back", q, q as u64)).await;
+            out.push((r.status, back.map(|m| m.queue_id)));
+        }
+        out
+    }))
+    .unwrap();
+    for (i, (status, q)) in routed.into_iter().enumerate() {
+        assert_eq!((status, q), (PutStatus::PutOk, Some(4 + i as i32)));
+    }
+    block_on(h.wait_dispatched()).unwrap();
+    for q in 0..8 {
+        let got = read_queue(&h, "Back", q);
+        assert_eq!(got.len(), 1, "queue {q}");
+        assert_eq!(&got[0].body[..], &body("Back", q, q as u64)[..]);
+    }
+    store.shutdown().unwrap();
+}
+
 #[test]
 fn a_dead_shard_does_not_stop_the_others() {
     let dir = tempfile::tempdir().unwrap();
@@ -237,6 +276,9 @@ fn a_dead_shard_does_not_stop_the_others() {
         block_on(h.put(message("T", dead_q, 1))).status,
         PutStatus::ServiceNotAvailable
     );
+    let (r, back) = block_on(h.put_and_return(message("T", dead_q, 1)));
+    assert_eq!(r.status, PutStatus::ServiceNotAvailable);
+    assert!(back.is_none(), "no message comes back from a dead shard");
     let err = block_on(h.get("T", dead_q, 0, 1, 1 << 20)).unwrap_err();
     assert!(
         matches!(err, Error::ShardUnavailable { shard: 1, .. }),

@@ -79,6 +79,25 @@ pub trait StoreOps: Route {
             .unwrap_or_else(|_| PutResult::refused(PutStatus::ServiceNotAvailable))
     }
 
+    /// Stores one message on the shard that owns its queue, like [`StoreOps::put`], and
+    /// hands the message back (`None` when the shard is gone): a caller that reuses its
+    /// messages keeps their strings, which are freed, if ever, by the thread that
+    /// allocated them. (The node's routed sends: a message dropped on the owning shard
+    /// freed its ~10 strings across threads, each `free` taking the allocating thread's
+    /// glibc arena lock.)
+    async fn put_and_return(&self, msg: Message) -> (PutResult, Option<Message>) {
+        let shard = self.owner(&msg.topic, msg.queue_id);
+        self.run_at(shard, &(), async move |s, _| {
+            let r = s.put(&msg).await;
+            (r, msg)
+        })
+        .await
+        .map_or_else(
+            |_| (PutResult::refused(PutStatus::ServiceNotAvailable), None),
+            |(r, msg)| (r, Some(msg)),
+        )
+    }
+
     /// Stores messages that may span queues and shards: each queue's messages are put
     /// as one RocketMQ batch on its shard, the shards work in parallel, and the result
     /// has one entry per message, in input order.

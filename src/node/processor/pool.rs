@@ -3,8 +3,9 @@
 //! string escaped JSON header values are unescaped into. A shard serving sends takes
 //! and returns the same few objects, so once warm a send allocates nothing of its own.
 //!
-//! Each pool keeps at most [`KEEP`] objects; an object that leaves its thread (a
-//! message routed to another shard) is simply not returned.
+//! Each pool keeps at most [`KEEP`] objects. A message routed to another shard comes
+//! back with the answer and returns to the pool of the thread that took it
+//! (`StoreOps::put_and_return`): dropped there, its strings were freed across threads.
 
 use crate::message::Message;
 use bytes::Bytes;
@@ -60,9 +61,15 @@ impl PooledMessage {
         PooledMessage(Some(take_from(&MESSAGES).unwrap_or_else(empty_message)))
     }
 
-    /// The message, leaving the pool for good (it travels to another shard).
+    /// The message, leaving the pool for now (it travels to another shard).
     pub fn into_inner(mut self) -> Message {
         self.0.take().unwrap_or_else(empty_message)
+    }
+
+    /// A message back from another shard ([`PooledMessage::into_inner`]), returned to
+    /// this thread's pool on drop.
+    pub fn adopt(m: Message) -> PooledMessage {
+        PooledMessage(Some(m))
     }
 }
 

@@ -311,7 +311,12 @@ pub(super) async fn send(
         } else {
             match local_owner(topic, queue_id) {
                 Some(store) => store.put(&msg).await,
-                None => st.handle.put(msg.into_inner()).await,
+                None => {
+                    let (r, back) = st.handle.put_and_return(msg.into_inner()).await;
+                    // Back to this thread's pool (freed here if the pool is full).
+                    drop(back.map(pool::PooledMessage::adopt));
+                    r
+                }
             }
         };
         let ids = std::mem::take(&mut r.msg_ids);
