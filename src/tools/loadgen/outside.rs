@@ -23,8 +23,13 @@ struct HandlePuts(Handle);
 impl PutPath for HandlePuts {
     async fn put(&self, msgs: &mut Vec<Message>) -> PutStatus {
         if msgs.len() == 1 {
+            // The message comes back to be refilled: no allocations per put, and its
+            // strings are never freed by the shard's thread (a glibc free across
+            // threads takes the other arena's lock).
             let m = msgs.pop().expect("one message");
-            return self.0.put(m).await.status;
+            let (r, back) = self.0.put_and_return(m).await;
+            msgs.extend(back);
+            return r.status;
         }
         let results = self.0.put_batch(std::mem::take(msgs)).await;
         results
