@@ -117,6 +117,13 @@ fn value_len(v: &FieldValue<'_>) -> usize {
 fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let b = s.as_bytes();
+    // Most texts (keys, ids, numbers, topics) need no escape: one test over the whole
+    // text, then one copy (a byte-by-byte match was ~1.5% of a node's samples).
+    if b.iter().all(|&c| c >= 0x20 && c != b'"' && c != b'\\') {
+        out.extend_from_slice(b);
+        out.push(b'"');
+        return;
+    }
     let mut run = 0;
     for (i, &c) in b.iter().enumerate() {
         let esc: &[u8] = match c {
