@@ -6,11 +6,10 @@
 //! flushes, timers) spread over them.
 //!
 //! What the process allocates per send today (2 shards, one send at a time, half the
-//! queues on the other shard; 12.1 in a release build, 13.2 in a debug one), found with
+//! queues on the other shard; 11.3 in a release build, 12.2 in a debug one), found with
 //! sampled backtraces of this allocator: ~6.5 are glommio's per-operation `Source`s of
 //! the executors' loops (the preempt timer, the sleep link, a socket's readiness), which
-//! one send at a time runs a few times per send; ~1.3 the dispatcher's wait timer; the
-//! request's future box when it must wait, the routed put's job, reply slot and task on
+//! one send at a time runs a few times per send; the request's future box when it must wait, the routed put's job, reply slot and task on
 //! the owning shard, the put result's id list. Not allocated per send: a message's
 //! strings (a per-thread pool, and routed messages come back,
 //! `StoreOps::put_and_return`: ~5 more per send without), and the timers' map (glommio
@@ -59,7 +58,7 @@ static GLOBAL: Counting = Counting;
 
 /// Sends measured (after as many to warm the pools and the store up).
 const SENDS: usize = 4000;
-/// Most allocations per send allowed, background work included (measured 12.1-13.2;
+/// Most allocations per send allowed, background work included (measured 11.3-12.2;
 /// see the module docs for what a regression of either fix above adds).
 const MOST_PER_SEND: f64 = 15.5;
 

@@ -36,6 +36,9 @@ use crate::format::consume_queue::CqEntry;
 use crate::format::record::{self, Decoded, RecordView, Records, Verify};
 use crate::format::schedule::{SCHEDULE_TOPIC, TIMER_TOPIC};
 use std::rc::Rc;
+
+/// The dispatcher looks again this often even when nothing woke it.
+const DISPATCH_SAFETY_WAKE: Duration = Duration::from_millis(100);
 use std::time::Duration;
 
 /// The most log bytes one dispatch pass walks without yielding: about 30 records of
@@ -60,6 +63,9 @@ impl Inner {
     /// The dispatcher task: dispatches what the log confirms (flushed in sync mode,
     /// written in async mode) until the store stops or fails.
     pub(super) async fn run_dispatcher(self: Rc<Self>) {
+        // The safety wake-up of every wait below, one timer re-armed each time: a new
+        // glommio timer per wait was an allocation per put at low rates.
+        let mut safety = glommio::timer::Timer::new(DISPATCH_SAFETY_WAKE);
         loop {
             let from = self.dispatched.get();
             let to = self.confirm_offset();
@@ -97,11 +103,14 @@ impl Inner {
                 return;
             }
             let flushed = self.log.flushed.wait_for(to + 1);
+            safety.reset(DISPATCH_SAFETY_WAKE);
             futures_lite::future::or(
                 futures_lite::future::or(self.dispatch_wake.wait(), async {
                     flushed.await;
                 }),
-                glommio::timer::sleep(Duration::from_millis(100)),
+                async {
+                    (&mut safety).await;
+                },
             )
             .await;
         }
