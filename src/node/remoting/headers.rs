@@ -134,7 +134,7 @@ impl<'a> PullHeader<'a> {
     pub fn from_command(req: &'a RemotingCommand) -> PullHeader<'a> {
         let mut fields = [None; PULL_FIELD_COUNT];
         for (k, v) in &req.ext_fields {
-            if let Some(i) = PULL_FIELDS.iter().position(|n| n == k)
+            if let Some(i) = pull_index(k)
                 && fields[i].is_none()
             {
                 fields[i] = Some(v.as_str());
@@ -521,6 +521,17 @@ mod tests {
         }
         for other in ["o", "z", "A", "\u{7f}", "", "ab", "topicX"] {
             assert_eq!(send_index(other), None, "{other}");
+        }
+    }
+
+    /// Every pull field name finds its own field, and nothing else does.
+    #[test]
+    fn every_pull_name_maps_to_its_field() {
+        for (i, name) in PULL_FIELDS.iter().enumerate() {
+            assert_eq!(pull_index(name), Some(i), "{name}");
+        }
+        for other in ["a", "b", "", "producerGroup", "queueIdX"] {
+            assert_eq!(pull_index(other), None, "{other}");
         }
     }
 

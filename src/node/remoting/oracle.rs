@@ -11,7 +11,7 @@
 
 use super::headers::{PullHeader, SendHeader, Typed, Want, typed_for_code};
 use super::scan::HeaderView;
-use super::{HEADER_WORD, MAX_HEADER_LEN, decode_payload};
+use super::{HEADER_WORD, MAX_HEADER_LEN, RemotingCommand, decode_payload};
 
 /// Checks `header` of `kind` (0 JSON, 1 binary, others refused by both); the first
 /// disagreement found, described.
@@ -55,45 +55,56 @@ pub fn check_header(kind: u8, header: &[u8]) -> Result<(), String> {
         format!("{:?}", cmd.remark),
     )?;
     // Every header through both typed headers, whatever its code (the node collects
-    // the one its code names).
+    // the one its code names), then the node's way: the typed header its code names.
     let mut scratch = String::new();
-    let theirs = SendHeader::from_command(&cmd);
-    match HeaderView::parse_typed(kind, header, |_| Want::Send) {
-        Ok((_, Typed::Send(spans))) => {
-            let ours = SendHeader::resolve(&spans, header, &mut scratch);
-            if ours != theirs {
-                return Err(format!("send header: view {ours:?}, general {theirs:?}"));
+    for (what, want) in [("send", Want::Send), ("pull", Want::Pull)] {
+        match HeaderView::parse_typed(kind, header, |_| want) {
+            Ok((_, typed @ (Typed::Send(_) | Typed::Pull(_))))
+                if matches!(typed, Typed::Send(_)) == (want == Want::Send) =>
+            {
+                typed_agrees(typed, header, &cmd, &mut scratch)
+                    .map_err(|e| format!("{what} header: {e}"))?
             }
+            other => return Err(format!("{what} header not collected: {other:?}")),
         }
-        other => return Err(format!("send header not collected: {other:?}")),
     }
-    let theirs = PullHeader::from_command(&cmd);
-    match HeaderView::parse_typed(kind, header, |_| Want::Pull) {
-        Ok((_, Typed::Pull(spans))) => {
-            let ours = PullHeader::resolve(&spans, header, &mut scratch);
-            if ours != theirs {
-                return Err(format!("pull header: view {ours:?}, general {theirs:?}"));
-            }
+    match HeaderView::parse_typed(kind, header, typed_for_code) {
+        Ok((_, typed)) => typed_agrees(typed, header, &cmd, &mut scratch)
+            .map_err(|e| format!("code {}: the node's typed header: {e}", cmd.code)),
+        Err(_) => Err(format!(
+            "code {}: the node's typed header declined",
+            cmd.code
+        )),
+    }
+}
+
+/// Whether `typed`, read in `header`, is the typed header the general decoder gives
+/// for `cmd`.
+fn typed_agrees(
+    typed: Typed,
+    header: &[u8],
+    cmd: &RemotingCommand,
+    scratch: &mut String,
+) -> Result<(), String> {
+    match typed {
+        Typed::Send(spans) => {
+            let (ours, theirs) = (
+                SendHeader::resolve(&spans, header, scratch),
+                SendHeader::from_command(cmd),
+            );
+            (ours == theirs)
+                .then_some(())
+                .ok_or_else(|| format!("view {ours:?}, general {theirs:?}"))
         }
-        other => return Err(format!("pull header not collected: {other:?}")),
+        Typed::Pull(spans) => {
+            let (ours, theirs) = (
+                PullHeader::resolve(&spans, header, scratch),
+                PullHeader::from_command(cmd),
+            );
+            (ours == theirs)
+                .then_some(())
+                .ok_or_else(|| format!("view {ours:?}, general {theirs:?}"))
+        }
+        Typed::Other => Ok(()),
     }
-    // And the way the node reads it: the typed header its code names.
-    let by_code = match HeaderView::parse_typed(kind, header, typed_for_code) {
-        Ok((_, Typed::Send(spans))) => Some(format!(
-            "{:?}",
-            SendHeader::resolve(&spans, header, &mut scratch)
-        ))
-        .filter(|ours| *ours != format!("{:?}", SendHeader::from_command(&cmd))),
-        Ok((_, Typed::Pull(spans))) => Some(format!(
-            "{:?}",
-            PullHeader::resolve(&spans, header, &mut scratch)
-        ))
-        .filter(|ours| *ours != format!("{:?}", PullHeader::from_command(&cmd))),
-        Ok((_, Typed::Other)) => None,
-        Err(_) => Some("declined".to_string()),
-    };
-    if let Some(ours) = by_code {
-        return Err(format!("code {}: the node's typed header {ours}", cmd.code));
-    }
-    Ok(())
 }
