@@ -13,8 +13,7 @@ mod remoting;
 
 use coremq::node::remoting::RemotingCommand;
 use coremq::node::remoting::codes::*;
-use coremq::node::{Network, Node, NodeConfig};
-use coremq::{ShardedConfig, StoreConfig};
+use coremq::node::{Network, Node};
 use remoting::Client;
 use std::path::Path;
 use std::time::Duration;
@@ -23,23 +22,7 @@ use std::time::Duration;
 const QUIET: Duration = Duration::from_millis(300);
 
 fn start(dir: &Path, network: Network) -> Node {
-    let cfg = NodeConfig {
-        network,
-        data_dir: dir.to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        namesrv_listen: "127.0.0.1:0".parse().unwrap(),
-        // Never the fixed default: shutdown wakes its listener by connecting to it.
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        shards: 2,
-        pin: false,
-        ..NodeConfig::default()
-    };
-    let mut store = ShardedConfig::new(dir);
-    store.shards = 2;
-    store.pin = false;
-    store.io_memory_bytes = 8 << 20;
-    store.store = StoreConfig::small_for_tests(dir);
-    Node::start_with_store(cfg, store).expect("node starts")
+    remoting::start_node(dir, network)
 }
 
 fn heartbeat(c: &mut Client, id: &str, group: &str, topic: &str) {

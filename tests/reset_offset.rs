@@ -13,31 +13,14 @@ mod remoting;
 
 use coremq::node::remoting::RemotingCommand;
 use coremq::node::remoting::codes::*;
-use coremq::node::{Network, Node, NodeConfig};
-use coremq::{ShardedConfig, StoreConfig};
+use coremq::node::{Network, Node};
 use remoting::Client;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
 
 fn start(dir: &Path, network: Network) -> Node {
-    let cfg = NodeConfig {
-        network,
-        data_dir: dir.to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        namesrv_listen: "127.0.0.1:0".parse().unwrap(),
-        // Never the fixed default: shutdown wakes its listener by connecting to it.
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        shards: 2,
-        pin: false,
-        ..NodeConfig::default()
-    };
-    let mut store = ShardedConfig::new(dir);
-    store.shards = 2;
-    store.pin = false;
-    store.io_memory_bytes = 8 << 20;
-    store.store = StoreConfig::small_for_tests(dir);
-    Node::start_with_store(cfg, store).expect("node starts")
+    remoting::start_node(dir, network)
 }
 
 fn send(c: &mut Client, q: i32) {

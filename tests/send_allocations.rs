@@ -17,10 +17,12 @@
 //! patch o: ~16 more per send without).
 #![cfg(feature = "node")]
 
+#[path = "common/remoting.rs"]
+mod remoting;
+
+use coremq::node::Network;
 use coremq::node::remoting::codes::SEND_MESSAGE_V2;
 use coremq::node::remoting::{RemotingCommand, SerializeType};
-use coremq::node::{Network, Node, NodeConfig};
-use coremq::{ShardedConfig, StoreConfig};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -119,22 +121,7 @@ fn send(s: &mut TcpStream, frames: &[Vec<u8>], n: usize, answer: &mut [u8]) {
 #[test]
 fn a_send_allocates_no_message_and_no_timer_map() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = NodeConfig {
-        network: Network::Shards,
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        namesrv_listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        shards: 2,
-        pin: false,
-        ..NodeConfig::default()
-    };
-    let mut store = ShardedConfig::new(dir.path());
-    store.shards = 2;
-    store.pin = false;
-    store.io_memory_bytes = 8 << 20;
-    store.store = StoreConfig::small_for_tests(dir.path());
-    let node = Node::start_with_store(cfg, store).expect("node starts");
+    let node = remoting::start_node(dir.path(), Network::Shards);
     // An auto-created topic has 4 queues: 2 on each shard.
     let frames = frames(4);
     let mut answer = vec![0u8; 64 << 10];

@@ -5,13 +5,36 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use coremq::StoredMessage;
 use coremq::node::remoting::codes::*;
 use coremq::node::remoting::{RemotingCommand, SerializeType, decode_payload};
+use coremq::node::{Network, Node, NodeConfig};
+use coremq::{ShardedConfig, StoreConfig, StoredMessage};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
+
+/// A node of 2 unpinned shards in `dir` on ephemeral loopback ports, with the small
+/// test store.
+pub fn start_node(dir: &std::path::Path, network: Network) -> Node {
+    let cfg = NodeConfig {
+        network,
+        data_dir: dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        namesrv_listen: "127.0.0.1:0".parse().unwrap(),
+        // Never the fixed default: shutdown wakes its listener by connecting to it.
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        shards: 2,
+        pin: false,
+        ..NodeConfig::default()
+    };
+    let mut store = ShardedConfig::new(dir);
+    store.shards = 2;
+    store.pin = false;
+    store.io_memory_bytes = 8 << 20;
+    store.store = StoreConfig::small_for_tests(dir);
+    Node::start_with_store(cfg, store).expect("node starts")
+}
 
 pub struct Client {
     s: TcpStream,
