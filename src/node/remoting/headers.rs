@@ -18,7 +18,8 @@
 //!   [`PullHeader::resolve`], escaped JSON strings unescaped into a scratch string the
 //!   caller keeps across requests. Reading the ext fields twice (a check, then a
 //!   collecting pass) and copying the fields between arrays three times were ~22% of
-//!   a node's samples under single sends, ~6.5% in one pass (docs/performance/node.md).
+//!   a node's samples under single sends; in one pass the parse's own functions hold
+//!   ~6.5%, ~10-12% with everything called under them (docs/performance/node.md).
 //!
 //! `tests/header_decoders.rs` checks that both give the same header on every input the
 //! view takes.
