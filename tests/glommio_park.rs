@@ -205,13 +205,13 @@ fn stay_awake_until_keeps_the_executor_from_sleeping() {
     });
 }
 
-/// `(k)`: the preempt timer still preempts. Patch k submits the next preempt timer
-/// with the cancellation of the last one (and re-arms it should it fire before the
-/// executor's sweep consumed it); a timer lost on the way would leave a busy task
-/// that yields only when `yield_if_needed` says so running for ever, and the other
-/// queue's task never running. Each round: queue A's task spins until queue B's task
+/// `(k, p)`: the preempt time still preempts. Since patch p it is a deadline
+/// `need_preempt()` compares with the clock (k submitted a timer per loop); a
+/// deadline never set or never read would leave a busy task that yields only when
+/// `yield_if_needed` says so running for ever, and the other queue's task never
+/// running. Each round: queue A's task spins until queue B's task
 /// has run; B's task must get the CPU through A's preemption alone (no I/O, no
-/// timers). Preempt timers from 1 ns (fires at once: the re-arm path) to 2 ms.
+/// timers). Preempt times from 1 ns (due at once) to 2 ms.
 #[test]
 fn a_busy_task_queue_is_preempted_by_its_timer() {
     use std::cell::Cell;

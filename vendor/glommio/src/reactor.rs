@@ -210,9 +210,12 @@ impl Reactor {
         self.sys.task_queue_io_stats(handle)
     }
 
+    // coremq patch p: also `true` once the preempt time set by the last `wait` is up
+    // (a clock read); the latency ring no longer carries a preempt timeout.
     #[inline(always)]
     pub(crate) fn need_preempt(&self) -> bool {
-        unsafe { *self.preempt_ptr_head != (*self.preempt_ptr_tail).load(Ordering::Acquire) }
+        (unsafe { *self.preempt_ptr_head != (*self.preempt_ptr_tail).load(Ordering::Acquire) })
+            || self.sys.preempt_due()
     }
 
     pub(crate) fn id(&self) -> usize {

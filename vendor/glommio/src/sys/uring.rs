@@ -1249,6 +1249,9 @@ pub(crate) struct Reactor {
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
+    // coremq patch p: when the running task queue's preempt time is up (a clock read in
+    // `preempt_due`), instead of a timeout armed on the latency ring at every loop.
+    preempt_deadline: Cell<Option<Instant>>,
 
     link_fd: RawFd,
 
@@ -1380,6 +1383,7 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
+            preempt_deadline: Cell::new(None),
             blocking_thread,
             link_fd,
             notifier,
@@ -1873,12 +1877,14 @@ impl Reactor {
         };
         self.throughput_preemption_timeout_src.set(Some(throughput));
 
-        // coremq patch k: with a task queue still runnable (a preempt timer wanted)
-        // this call cannot sleep, so the next preempt timer goes to the kernel with
-        // the cancellation of the last one, in one `io_uring_enter` of the latency
-        // ring instead of two. The sleeping path is 0.9.0's (+ h).
+        // coremq patch p: the preempt time is a deadline `need_preempt()` compares with
+        // the clock (`preempt_due`), set as this call leaves, not a timeout armed on the
+        // latency ring at every loop and cancelled at the next (an SQE pair, an
+        // `io_uring_enter` and two hrtimer reprograms each loop). The latency ring still
+        // preempts as soon as one of its completions (a foreign wake, a latency-class
+        // I/O) is posted.
         let preempt = preempt_timer();
-        let early_preempt = preempt.map(|p| lat_ring.prepare_latency_preemption_timer(p));
+        self.preempt_deadline.set(None);
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1899,11 +1905,19 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
-            if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
-            }
+            //
+            // coremq patch p: and with no user timer, a `MAX_PARK` one, so the latency
+            // ring gets a timeout before every sleep, as it got the preempt timer's
+            // cancellation before p. Without it (no timeout here, or a bare
+            // GETEVENTS enter of the latency ring instead) a loaded store's task polls
+            // ran 6-25 ms, mostly in io_uring task work at interrupt returns: see
+            // vendor/glommio/COREMQ-PATCHES.md, p.
+            let dur = user_timer.map_or(SleepableRing::MAX_PARK, |t| {
+                t.min(SleepableRing::MAX_PARK)
+            });
+            self.latency_preemption_timeout_src
+                .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+            assert!(flush_rings!(lat_ring)? > 0);
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
             // last time until now it could be that something happened in a remote executor
@@ -1932,24 +1946,10 @@ impl Reactor {
             }
         }
 
-        if let Some(src) = early_preempt {
-            // coremq patch k: armed above. Should it have fired already and been
-            // consumed by the sweep after it was submitted, `need_preempt()` would
-            // not see it: arm another, as 0.9.0 arms its timer only after that sweep.
-            if src.result().is_some() {
-                drop(src);
-                if let Some(preempt) = preempt_timer() {
-                    self.latency_preemption_timeout_src
-                        .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-                }
-            } else {
-                self.latency_preemption_timeout_src.set(Some(src));
-            }
-            flush_rings!(lat_ring, main_ring)?;
-        } else if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-            flush_rings!(lat_ring, main_ring)?;
+        // coremq patch p: the preempt deadline, as close as possible to the point where
+        // we leave (see above).
+        if let Some(preempt) = preempt {
+            self.preempt_deadline.set(Some(Instant::now() + preempt));
         }
 
         // A Note about `need_preempt`:
@@ -1960,6 +1960,14 @@ impl Reactor {
         // need_preempt() should be false at this point. As soon as the next event
         // in the preempt ring completes, though, then it will be true.
         Ok(should_sleep)
+    }
+
+    /// coremq patch p: whether the running task queue's preempt time is up.
+    #[inline(always)]
+    pub(crate) fn preempt_due(&self) -> bool {
+        self.preempt_deadline
+            .get()
+            .is_some_and(|deadline| Instant::now() >= deadline)
     }
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
