@@ -1559,6 +1559,29 @@ fn interval_settings_are_bounded() {
     week.validate().unwrap();
 }
 
+/// The shards' wake-up settings reach the store the node opens (absent: the store's
+/// defaults), and a spin longer than a second is refused before anything is bound.
+#[test]
+fn wake_up_settings_reach_the_store_and_are_bounded() {
+    let d = NodeConfig::default().sharded_config();
+    let dflt = ShardedConfig::new("x");
+    assert_eq!(d.awake_window, dflt.awake_window);
+    assert_eq!(d.reply_spin, dflt.reply_spin);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "awake_window_us = 0\nreply_spin_us = 20\n").unwrap();
+    let cfg = NodeConfig::from_file(file.path()).unwrap();
+    cfg.validate().unwrap();
+    let s = cfg.sharded_config();
+    assert_eq!(s.awake_window, Duration::ZERO);
+    assert_eq!(s.reply_spin, Duration::from_micros(20));
+    for bad in ["awake_window_us = 1000001\n", "reply_spin_us = 5000000\n"] {
+        std::fs::write(file.path(), bad).unwrap();
+        let e = NodeConfig::from_file(file.path()).unwrap().validate();
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("must be at most 1000000"), "{e}");
+    }
+}
+
 /// The load generator's lean remote client (`coremq bench --target`): single sends in
 /// both header formats (8 in flight, and one at a time on one thread) and batched
 /// sends are all acknowledged and read back through pull, and its loopback echo floor

@@ -45,6 +45,14 @@ pub struct NodeConfig {
     pub cluster_name: String,
     /// Shards (executors); 0 = one per CPU. Fixed when the store is created.
     pub shards: usize,
+    /// A shard stays awake (polling, not parked) this long after requests that came
+    /// closer together than that (`ShardedConfig::awake_window`; 0: parks at once);
+    /// absent: the store's default.
+    pub awake_window_us: Option<u64>,
+    /// A shard waiting for another shard's reply spins this long before parking when
+    /// replies have lately come within it (`ShardedConfig::reply_spin`; 0: never);
+    /// absent: the store's default.
+    pub reply_spin_us: Option<u64>,
     /// Pin shard `i` to CPU `i`.
     pub pin: bool,
     /// "async" (RocketMQ's ASYNC_FLUSH, the default) or "sync".
@@ -178,6 +186,8 @@ impl Default for NodeConfig {
             broker_name: "coremq-broker-a".into(),
             cluster_name: "DefaultCluster".into(),
             shards: 0,
+            awake_window_us: None,
+            reply_spin_us: None,
             pin: true,
             flush: "async".into(),
             default_queue_nums: 4,
@@ -250,6 +260,14 @@ impl NodeConfig {
             return bad(format!(
                 "default_queue_nums must be within 1..={MAX_QUEUE_NUMS}"
             ));
+        }
+        for (name, us) in [
+            ("awake_window_us", self.awake_window_us),
+            ("reply_spin_us", self.reply_spin_us),
+        ] {
+            if us.is_some_and(|us| us > 1_000_000) {
+                return bad(format!("{name} must be at most 1000000 (a second)"));
+            }
         }
         if self.max_frame_bytes < 1024 {
             return bad("max_frame_bytes must be at least 1024".into());
@@ -345,6 +363,12 @@ impl NodeConfig {
             s.shards = self.shards;
         }
         s.pin = self.pin;
+        if let Some(us) = self.awake_window_us {
+            s.awake_window = Duration::from_micros(us);
+        }
+        if let Some(us) = self.reply_spin_us {
+            s.reply_spin = Duration::from_micros(us);
+        }
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
         s.store.ha = self.ha_config();
         s.store.commit_log_segment_bytes = self.segment_bytes;
