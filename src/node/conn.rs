@@ -21,10 +21,14 @@
 //!   2.6 KB future copied into its box, two allocations) was ~7.5% of the node's
 //!   samples under single sends, ~4.5% with the first poll here.
 //! * **Writing.** Answers are encoded straight into the connection's [`OutQueue`]
-//!   (pulled records queued as the store's own buffers, never copied into one body).
-//!   One writer task sends everything queued with vectored `sendmsg` calls, so the
-//!   answers to a burst of requests leave in one system call, and a held pull answered
-//!   later never interleaves with another answer. While more than [`OUT_HIGH_WATER`]
+//!   (pulled records queued as the store's own buffers, never copied into one body),
+//!   shared with the other shards as a `SharedOut` (`shared_out.rs`). One writer task
+//!   sends everything queued with vectored `sendmsg` calls, so the answers to a burst
+//!   of requests leave in one system call, and a held pull answered later never
+//!   interleaves with another answer. A single send whose queue another shard owns is
+//!   put and answered by that shard (one hop, no reply back to this shard): on the
+//!   socket at once when it is the connection's only routed send in flight and nothing
+//!   is queued or being sent, else queued for the writer. While more than [`OUT_HIGH_WATER`]
 //!   bytes wait (a peer that does not read), the reader takes no new request: a slow
 //!   peer stalls its own requests, not the node's memory.
 //! * **Broker requests.** Check-backs (`state::Outboxes`) are queued as whole frames
@@ -36,6 +40,7 @@
 
 use super::NodeState;
 use super::out_queue::OutQueue;
+use super::processor::There;
 use super::processor::{self, Outcome, Reply, ReplyTo, Waiting};
 use super::remoting::headers::{
     PULL_FIELD_COUNT, PullHeader, SEND_FIELD_COUNT, SendHeader, Spans, Typed, typed_for_code,
@@ -43,6 +48,7 @@ use super::remoting::headers::{
 use super::remoting::scan::HeaderView;
 use super::remoting::{self, FrameError, HEADER_WORD, LENGTH_PREFIX, RemotingCommand};
 use super::shard_net::LocalStop;
+use super::shared_out::SharedOut;
 use bytes::{Bytes, BytesMut};
 use futures_lite::AsyncWrite;
 use glommio::net::TcpStream;
@@ -73,9 +79,8 @@ struct Shared {
     st: Arc<NodeState>,
     conn: u64,
     peer: SocketAddr,
-    out: RefCell<OutQueue>,
-    /// The writer, when it waits for answers.
-    writer: Cell<Option<Waker>>,
+    /// The output, shared with the shards that answer routed sends (`shared_out`).
+    there: There,
     /// The reader, when it waits for room (in-flight requests, queued answers).
     reader: Cell<Option<Waker>>,
     /// Requests being processed (held pulls not counted).
@@ -84,8 +89,6 @@ struct Shared {
     tasks: Cell<u64>,
     /// The reader has stopped taking requests.
     reader_done: Cell<bool>,
-    /// A write failed: answers are dropped.
-    broken: Cell<bool>,
 }
 
 impl Shared {
@@ -105,15 +108,11 @@ impl Shared {
 
     /// Queues an answer for the writer.
     fn respond(&self, reply: &Reply, to: ReplyTo) {
-        if self.broken.get() {
-            return;
-        }
-        reply.encode_into(to, &mut self.out.borrow_mut());
-        Shared::wake(&self.writer);
+        self.there.out.queue(|q| reply.encode_into(to, q));
     }
 
     fn room_for_requests(&self) -> bool {
-        self.in_flight.get() < MAX_IN_FLIGHT && self.out.borrow().pending() < OUT_HIGH_WATER
+        self.in_flight.get() < MAX_IN_FLIGHT && self.there.out.pending() < OUT_HIGH_WATER
     }
 }
 
@@ -148,7 +147,7 @@ impl Drop for TaskGuard {
         self.release_slot();
         self.sh.tasks.set(self.sh.tasks.get() - 1);
         // The writer ends once the reader is done and no task can answer any more.
-        Shared::wake(&self.sh.writer);
+        self.sh.there.out.queue(|_| {});
     }
 }
 
@@ -236,7 +235,7 @@ async fn serve_request(sh: Rc<Shared>, req: Request) {
             let header = SendHeader::resolve(&spans, at.header(), scratch.get());
             let body = at.body();
             let outcome =
-                processor::process_send(st, at.code, at.oneway, at.to, &header, &body, sh.peer)
+                processor::process_send(st, at.code, at.oneway, at.to, &header, &body, &sh.there)
                     .await;
             (outcome, at.to)
         }
@@ -325,21 +324,29 @@ pub(super) async fn serve(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(st.cfg.idle_timeout()));
-    let fd = stream.as_raw_fd();
+    let out = match SharedOut::new(stream.as_raw_fd()) {
+        Ok(out) => Arc::new(out),
+        Err(e) => {
+            tracing::warn!(%peer, conn, error = %e, "cannot serve a connection: dup of its socket failed");
+            return;
+        }
+    };
     let stream = Rc::new(RefCell::new(stream));
     let sh = Rc::new(Shared {
         st: st.clone(),
         conn,
         peer,
-        out: RefCell::new(OutQueue::default()),
-        writer: Cell::new(None),
+        there: There {
+            out,
+            st: st.clone(),
+            peer,
+        },
         reader: Cell::new(None),
         in_flight: Cell::new(0),
         tasks: Cell::new(0),
         reader_done: Cell::new(false),
-        broken: Cell::new(false),
     });
-    let writer = glommio::spawn_local(write_loop(sh.clone(), stream.clone(), fd));
+    let writer = glommio::spawn_local(write_loop(sh.clone(), stream.clone()));
     // Requests the broker starts (CHECK_TRANSACTION_STATE) join the answers in the
     // output queue, whole frames between answers; the forwarder ends when the outbox
     // closes.
@@ -347,11 +354,12 @@ pub(super) async fn serve(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
     let fwd = sh.clone();
     glommio::spawn_local(async move {
         while let Ok(frame) = outbox.recv_async().await {
-            if fwd.broken.get() {
+            if fwd.there.out.is_broken() {
                 break;
             }
-            fwd.out.borrow_mut().inline(|b| b.extend_from_slice(&frame));
-            Shared::wake(&fwd.writer);
+            fwd.there
+                .out
+                .queue(|q| q.inline(|b| b.extend_from_slice(&frame)));
         }
     })
     .detach();
@@ -359,7 +367,8 @@ pub(super) async fn serve(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
     read_loop(&sh, &stream, stop).await;
     st.outboxes.close(conn);
     sh.reader_done.set(true);
-    Shared::wake(&sh.writer);
+    sh.there.out.close_reading();
+    sh.there.out.queue(|_| {});
     drop(stream);
     writer.await;
 }
@@ -430,17 +439,22 @@ fn malformed(sh: &Shared, e: FrameError) {
     tracing::warn!(peer = %sh.peer, conn = sh.conn, error = %e, "malformed frame; closing the connection");
 }
 
-/// Sends queued answers until the reader is done and every request task has answered.
-async fn write_loop(sh: Rc<Shared>, stream: Rc<RefCell<TcpStream>>, fd: RawFd) {
+/// Sends queued answers until the reader is done and every request task and routed
+/// send has answered.
+async fn write_loop(sh: Rc<Shared>, stream: Rc<RefCell<TcpStream>>) {
+    let out = sh.there.out.clone();
     let mut sending = OutQueue::default();
     loop {
         let more = futures_lite::future::poll_fn(|cx| {
-            if !sh.out.borrow().is_empty() {
+            // Takes the waker first, so an answer or the last routed send's end
+            // after the checks below wakes this task.
+            if out.take_batch(&mut sending, cx.waker()).is_some() {
                 Poll::Ready(true)
-            } else if sh.reader_done.get() && sh.tasks.get() == 0 {
+            } else if out.is_broken()
+                || (sh.reader_done.get() && sh.tasks.get() == 0 && out.remote() == 0)
+            {
                 Poll::Ready(false)
             } else {
-                Shared::park(&sh.writer, cx.waker());
                 Poll::Pending
             }
         })
@@ -448,15 +462,12 @@ async fn write_loop(sh: Rc<Shared>, stream: Rc<RefCell<TcpStream>>, fd: RawFd) {
         if !more {
             break;
         }
-        // Answers queued while this batch is written go to the other queue.
-        std::mem::swap(&mut sending, &mut *sh.out.borrow_mut());
-        let sent = send_all(&mut sending, &stream, fd).await;
+        let sent = send_all(&mut sending, &stream, out.raw_fd()).await;
         sending.clear();
+        out.sent(sent.is_err());
         Shared::wake(&sh.reader);
         if let Err(e) = sent {
             tracing::debug!(peer = %sh.peer, conn = sh.conn, error = %e, "write failed");
-            sh.broken.set(true);
-            sh.out.borrow_mut().clear();
             break;
         }
     }

@@ -80,6 +80,7 @@ mod processor;
 mod register;
 pub mod remoting;
 mod shard_net;
+mod shared_out;
 mod slave_sync;
 mod state;
 mod thread_net;

@@ -275,6 +275,39 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
     }
 }
 
+impl Handle {
+    /// Starts `f`'s future on `shard` as a task of its own and returns once the job is
+    /// in the shard's inbox (a full inbox makes this wait), not when the task ends: for
+    /// work that answers by itself (the node's routed sends answer their client on the
+    /// connection, `node::shared_out`). Refused (the shard gone, the store shut), `f`
+    /// is dropped unrun, on the calling thread.
+    #[cfg_attr(not(feature = "node"), allow(dead_code))]
+    pub(crate) async fn spawn_on<F, Fut>(&self, shard: usize, f: F) -> Result<()>
+    where
+        F: FnOnce(Store) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        let tx = self.shared.senders.get(shard).ok_or_else(|| {
+            Error::BadRequest(format!(
+                "shard {shard} does not exist (this store has {})",
+                self.shards()
+            ))
+        })?;
+        if !self.shared.alive[shard].load(Ordering::SeqCst) {
+            return Err(gone(shard));
+        }
+        let job: Job = Box::new(move |store: &Store| {
+            glommio::spawn_local(f(store.clone())).detach();
+        });
+        tx.send_async(Request::Job(job))
+            .await
+            .map_err(|_| gone(shard))
+    }
+}
+
 pub(super) fn gone(shard: usize) -> Error {
     Error::ShardUnavailable {
         shard,

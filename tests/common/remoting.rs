@@ -102,6 +102,23 @@ impl Client {
         }
     }
 
+    /// Writes a request without waiting (its opaque: the next of this client's).
+    pub fn write_request(&mut self, code: i32, fields: &[(&str, &str)], body: &[u8]) -> i32 {
+        let c = self.build(code, fields, body);
+        self.write(&c);
+        c.opaque
+    }
+
+    /// The next frame the node sends (a response or a request of its own).
+    pub fn next_frame(&mut self) -> RemotingCommand {
+        self.read_frame().expect("a frame")
+    }
+
+    /// A second handle on the socket (to write from one thread and read on another).
+    pub fn socket(&self) -> TcpStream {
+        self.s.try_clone().unwrap()
+    }
+
     /// Sends a one-way request.
     /// [`Client::call`], asserting the answer is SUCCESS.
     pub fn ok(&mut self, code: i32, fields: &[(&str, &str)], body: &[u8]) -> RemotingCommand {

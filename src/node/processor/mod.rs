@@ -71,6 +71,8 @@ pub(crate) use admin_store::mq_key;
 pub(crate) use pool::PooledString;
 pub(crate) use pull_message::{Hold, Waiting};
 pub(crate) use reply::{Reply, ReplyTo};
+use send_message::Sent;
+pub(crate) use send_message::There;
 
 use super::NodeState;
 use super::state::{PERM_READ, PERM_WRITE, TopicConf};
@@ -108,7 +110,9 @@ pub(crate) async fn process(
 }
 
 /// Serves a send (10, 310, 320) whose header was read in place (the socket front
-/// end's fast path, issue 20): the same processor and guard as [`process`].
+/// end's fast path, issue 20): the same processor and guard as [`process`]; a send
+/// whose queue another shard owns is answered by that shard on `conn`
+/// (`node::shared_out`).
 pub(crate) async fn process_send(
     st: &NodeState,
     code: i32,
@@ -116,7 +120,7 @@ pub(crate) async fn process_send(
     to: ReplyTo,
     header: &SendHeader<'_>,
     body: &Bytes,
-    peer: SocketAddr,
+    conn: &There,
 ) -> Outcome {
     guarded(st, code, oneway, to, async {
         st.metrics.requests.fetch_add(1, Ordering::Relaxed);
@@ -127,8 +131,12 @@ pub(crate) async fn process_send(
             body = body.len(),
             "request"
         );
-        let r = send_message::send(st, code, header, body, peer).await;
-        answer(oneway, to, r.map(Reply::Send))
+        let there = Some((conn, to, oneway));
+        match send_message::send(st, code, header, body, conn.peer, there).await {
+            Ok(Sent::Reply(r)) => answer(oneway, to, Ok(Reply::Send(r))),
+            Ok(Sent::Elsewhere) => Outcome::NoReply,
+            Err(e) => answer(oneway, to, Err(e)),
+        }
     })
     .await
 }
@@ -270,8 +278,11 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
     let r = match req.code {
         SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => {
             let h = SendHeader::from_command(&req);
-            let r = send_message::send(st, req.code, &h, &req.body, peer).await;
-            return answer(oneway, to, r.map(Reply::Send));
+            return match send_message::send(st, req.code, &h, &req.body, peer, None).await {
+                Ok(Sent::Reply(r)) => answer(oneway, to, Ok(Reply::Send(r))),
+                Ok(Sent::Elsewhere) => Outcome::NoReply,
+                Err(e) => answer(oneway, to, Err(e)),
+            };
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
         END_TRANSACTION => end_transaction::end_transaction(st, &req, peer).await,

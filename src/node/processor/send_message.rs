@@ -19,7 +19,7 @@
 //!   level the consumer asks for), `%DLQ%group` once the message failed
 //!   `maxReconsumeTimes` (16) times (see [`send_back`]).
 
-use super::reply::SendReply;
+use super::reply::{Reply, ReplyTo, SendReply};
 use super::{
     NodeState, Reject, clip, field, local_owner, need, num, num_of, opt_num, opt_num_of, pool,
     reject, store_error, topic_conf, valid_topic,
@@ -223,7 +223,8 @@ pub(super) async fn send(
     h: &SendHeader<'_>,
     body: &Bytes,
     peer: SocketAddr,
-) -> Result<SendReply, Reject> {
+    there: Option<(&There, ReplyTo, bool)>,
+) -> Result<Sent, Reject> {
     let topic = need(h.get(SendField::Topic), "topic")?;
     if !valid_topic(topic) {
         return Err(reject(
@@ -293,6 +294,11 @@ pub(super) async fn send(
     let (result, ids, bytes, n) = if batch {
         Box::pin(put_batch(st, &base, body)).await?
     } else {
+        if let Some((there, _, _)) = there {
+            there
+                .out
+                .take_returned(|m| drop(pool::PooledMessage::adopt(m)));
+        }
         let mut msg = pool::PooledMessage::take();
         let props = h.get(SendField::Properties).unwrap_or("");
         base.fill(&mut msg, flag, body.clone(), props);
@@ -309,9 +315,14 @@ pub(super) async fn send(
             })
             .await
         } else {
-            match local_owner(topic, queue_id) {
-                Some(store) => store.put(&msg).await,
-                None => {
+            match (local_owner(topic, queue_id), there) {
+                (Some(store), _) => store.put(&msg).await,
+                (None, Some((there, to, oneway))) => {
+                    let msg = msg.into_inner();
+                    hand_off(st, there, to, oneway, shard, msg, began).await;
+                    return Ok(Sent::Elsewhere);
+                }
+                (None, None) => {
                     let (r, back) = st.handle.put_and_return(msg.into_inner()).await;
                     // Back to this thread's pool (freed here if the pool is full).
                     drop(back.map(pool::PooledMessage::adopt));
@@ -322,30 +333,168 @@ pub(super) async fn send(
         let ids = std::mem::take(&mut r.msg_ids);
         (r, ids, body.len() as u64, 1)
     };
-    st.metrics.put_took(shard, began.elapsed());
-    let (code, remark) = put_code(result.status);
-    if !result.status.is_stored() {
-        return Err(reject(code, remark.unwrap_or_default()));
-    }
-    st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
-    st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
-    if !transactional {
-        st.arrivals.arrived(topic, queue_id);
-    }
-    let mut ids = ids;
-    if !batch {
-        // A single send answers its first id (none: an empty id, as before).
-        ids.truncate(1);
-    }
-    // A half message's queueOffset is its place in the half queue
-    // (END_TRANSACTION's tranStateTableOffset), as RocketMQ answers.
-    Ok(SendReply {
-        code,
-        remark,
-        ids,
+    let stored = Stored {
+        shard,
+        topic,
         queue_id,
-        queue_offset: result.queue_offset,
-    })
+        batch,
+        transactional,
+        bytes,
+        n,
+        began,
+    };
+    stored.answer(st, result, ids).map(Sent::Reply)
+}
+
+/// What [`send`] did with a send.
+pub(super) enum Sent {
+    /// Its answer.
+    Reply(SendReply),
+    /// Handed to the shard owning its queue, which answers the client itself.
+    Elsewhere,
+}
+
+/// A connection's output, for the shard owning a routed send's queue to answer on
+/// (`node::shared_out`).
+pub(crate) struct There {
+    pub out: std::sync::Arc<crate::node::shared_out::SharedOut>,
+    pub st: std::sync::Arc<NodeState>,
+    /// The client's address (stored as each message's born host).
+    pub peer: SocketAddr,
+}
+
+/// A stored (or refused) put, as [`send`] answers it.
+struct Stored<'a> {
+    shard: usize,
+    topic: &'a str,
+    queue_id: i32,
+    batch: bool,
+    transactional: bool,
+    bytes: u64,
+    n: u64,
+    began: std::time::Instant,
+}
+
+impl Stored<'_> {
+    fn answer(
+        &self,
+        st: &NodeState,
+        result: PutResult,
+        ids: Vec<MessageId>,
+    ) -> Result<SendReply, Reject> {
+        let Stored {
+            shard,
+            topic,
+            queue_id,
+            batch,
+            transactional,
+            bytes,
+            n,
+            began,
+        } = *self;
+        st.metrics.put_took(shard, began.elapsed());
+        let (code, remark) = put_code(result.status);
+        if !result.status.is_stored() {
+            return Err(reject(code, remark.unwrap_or_default()));
+        }
+        st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
+        st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
+        if !transactional {
+            st.arrivals.arrived(topic, queue_id);
+        }
+        let mut ids = ids;
+        if !batch {
+            // A single send answers its first id (none: an empty id, as before).
+            ids.truncate(1);
+        }
+        // A half message's queueOffset is its place in the half queue
+        // (END_TRANSACTION's tranStateTableOffset), as RocketMQ answers.
+        Ok(SendReply {
+            code,
+            remark,
+            ids,
+            queue_id,
+            queue_offset: result.queue_offset,
+        })
+    }
+}
+
+/// Hands a single send whose queue `shard` owns to that shard, which puts it and
+/// answers the client on the connection's [`There`] (`node::shared_out`): the
+/// connection's shard neither waits for the result nor wakes for it. Answered in every
+/// case: a shard that is gone (or a put that panics) drops the job, and the dropped
+/// [`Answering`] refuses the send as a routed put to a gone shard is refused.
+async fn hand_off(
+    st: &NodeState,
+    there: &There,
+    to: ReplyTo,
+    oneway: bool,
+    shard: usize,
+    msg: Message,
+    began: std::time::Instant,
+) {
+    let answering = Answering::new(there, to, oneway);
+    let job = move |store: crate::store::Store| async move {
+        let mut answering = answering;
+        let mut r = store.put(&msg).await;
+        let ids = std::mem::take(&mut r.msg_ids);
+        let stored = Stored {
+            shard,
+            topic: &msg.topic,
+            queue_id: msg.queue_id,
+            batch: false,
+            transactional: false,
+            bytes: msg.body.len() as u64,
+            n: 1,
+            began,
+        };
+        let reply = stored.answer(&answering.st, r, ids);
+        answering.answer(reply);
+        answering.out.give_back(msg);
+    };
+    // Refused here, the job and its `Answering` are dropped: answered as refused.
+    let _ = st.handle.spawn_on(shard, job).await;
+}
+
+/// A routed send's answer, owed to its connection until given (see [`hand_off`]).
+struct Answering {
+    out: std::sync::Arc<crate::node::shared_out::SharedOut>,
+    st: std::sync::Arc<NodeState>,
+    to: ReplyTo,
+    oneway: bool,
+    answered: bool,
+}
+
+impl Answering {
+    fn new(there: &There, to: ReplyTo, oneway: bool) -> Answering {
+        there.out.remote_started();
+        Answering {
+            out: there.out.clone(),
+            st: there.st.clone(),
+            to,
+            oneway,
+            answered: false,
+        }
+    }
+
+    fn answer(&mut self, r: Result<SendReply, Reject>) {
+        self.answered = true;
+        if let super::Outcome::Reply(reply) =
+            super::answer(self.oneway, self.to, r.map(Reply::Send))
+        {
+            self.out.answer(|q| reply.encode_into(self.to, q));
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if !self.answered {
+            let (code, remark) = put_code(PutStatus::ServiceNotAvailable);
+            self.answer(Err(reject(code, remark.unwrap_or_default())));
+        }
+        self.out.remote_done();
+    }
 }
 
 /// Refuses a half message under `reject_transaction_message`.
