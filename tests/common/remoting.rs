@@ -102,6 +102,26 @@ impl Client {
         }
     }
 
+    /// [`Client::call`], or the error that ended the connection.
+    pub fn try_call(
+        &mut self,
+        code: i32,
+        fields: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<RemotingCommand> {
+        let c = self.build(code, fields, body);
+        let opaque = c.opaque;
+        self.s.write_all(&c.encode())?;
+        loop {
+            let f = self.read_frame()?;
+            if !f.is_response() {
+                self.incoming.push_back(f);
+            } else if f.opaque == opaque {
+                return Ok(f);
+            }
+        }
+    }
+
     /// Writes a request without waiting (its opaque: the next of this client's).
     pub fn write_request(&mut self, code: i32, fields: &[(&str, &str)], body: &[u8]) -> i32 {
         let c = self.build(code, fields, body);
