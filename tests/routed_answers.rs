@@ -52,9 +52,22 @@ fn send_frame(topic: &str, opaque: i32, q: i32, body_len: usize) -> Vec<u8> {
 /// 0..n, each once.
 #[test]
 fn pipelined_sends_over_both_shards_are_each_answered_once_and_intact() {
+    pipelined_sends(true);
+}
+
+/// The same with routed sends handed back to the connection's shard to answer
+/// (`owner_answers_routed_sends = false`).
+#[test]
+fn pipelined_sends_answered_by_the_connections_shard() {
+    pipelined_sends(false);
+}
+
+fn pipelined_sends(owner_answers: bool) {
     const SENDS: i32 = 6000;
     let dir = tempfile::tempdir().unwrap();
-    let node = remoting::start_node(dir.path(), Network::Shards);
+    let node = remoting::start_node_with(dir.path(), Network::Shards, |c| {
+        c.owner_answers_routed_sends = owner_answers;
+    });
     let mut c = Client::connect(node.broker_addr);
     // Creates the topic with its 8 queues before the burst.
     let first = remoting::send(&mut c, "pg", "Routed", 0, b"first", &[], 0);

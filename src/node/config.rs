@@ -53,6 +53,12 @@ pub struct NodeConfig {
     /// replies have lately come within it (`ShardedConfig::reply_spin`; 0: never);
     /// absent: the store's default.
     pub reply_spin_us: Option<u64>,
+    /// A single send whose queue another shard owns is answered by that shard on the
+    /// client's connection (one hop; less CPU per send), not handed back to the
+    /// connection's shard to answer (`node::shared_out`; docs/performance/node.md has
+    /// both measured: with a client on the same machine the handed-back answer can
+    /// come sooner).
+    pub owner_answers_routed_sends: bool,
     /// Pin shard `i` to CPU `i`.
     pub pin: bool,
     /// "async" (RocketMQ's ASYNC_FLUSH, the default) or "sync".
@@ -188,6 +194,7 @@ impl Default for NodeConfig {
             shards: 0,
             awake_window_us: None,
             reply_spin_us: None,
+            owner_answers_routed_sends: true,
             pin: true,
             flush: "async".into(),
             default_queue_nums: 4,

@@ -340,6 +340,7 @@ pub(super) async fn serve(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
             out,
             st: st.clone(),
             peer,
+            owner_answers: st.cfg.owner_answers_routed_sends,
         },
         reader: Cell::new(None),
         in_flight: Cell::new(0),

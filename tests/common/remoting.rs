@@ -17,7 +17,16 @@ use std::time::{Duration, Instant};
 /// A node of 2 unpinned shards in `dir` on ephemeral loopback ports, with the small
 /// test store.
 pub fn start_node(dir: &std::path::Path, network: Network) -> Node {
-    let cfg = NodeConfig {
+    start_node_with(dir, network, |_| {})
+}
+
+/// [`start_node`] with `set` applied to the node's settings first.
+pub fn start_node_with(
+    dir: &std::path::Path,
+    network: Network,
+    set: impl FnOnce(&mut NodeConfig),
+) -> Node {
+    let mut cfg = NodeConfig {
         network,
         data_dir: dir.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -28,6 +37,7 @@ pub fn start_node(dir: &std::path::Path, network: Network) -> Node {
         pin: false,
         ..NodeConfig::default()
     };
+    set(&mut cfg);
     let mut store = ShardedConfig::new(dir);
     store.shards = 2;
     store.pin = false;

@@ -315,6 +315,7 @@ pub(super) async fn send(
             })
             .await
         } else {
+            let there = there.filter(|(t, _, _)| t.owner_answers);
             match (local_owner(topic, queue_id), there) {
                 (Some(store), _) => store.put(&msg).await,
                 (None, Some((there, to, oneway))) => {
@@ -361,6 +362,9 @@ pub(crate) struct There {
     pub st: std::sync::Arc<NodeState>,
     /// The client's address (stored as each message's born host).
     pub peer: SocketAddr,
+    /// Routed sends are handed to their owner to answer
+    /// (`NodeConfig::owner_answers_routed_sends`).
+    pub owner_answers: bool,
 }
 
 /// A stored (or refused) put, as [`send`] answers it.
