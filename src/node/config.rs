@@ -53,8 +53,8 @@ pub struct NodeConfig {
     /// replies have lately come within it (`ShardedConfig::reply_spin`; 0: never);
     /// absent: the store's default.
     pub reply_spin_us: Option<u64>,
-    /// A single send whose queue another shard owns is answered by that shard on the
-    /// client's connection (one hop; less CPU per send), not handed back to the
+    /// With `network = "shards"`: a single send whose queue another shard owns is
+    /// answered by that shard on the client's connection (one hop; less CPU per send), not handed back to the
     /// connection's shard to answer (`node::shared_out`; docs/performance/node.md has
     /// both measured: with a client on the same machine the handed-back answer can
     /// come sooner).
