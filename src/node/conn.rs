@@ -147,7 +147,7 @@ impl Drop for TaskGuard {
         self.release_slot();
         self.sh.tasks.set(self.sh.tasks.get() - 1);
         // The writer ends once the reader is done and no task can answer any more.
-        self.sh.there.out.queue(|_| {});
+        self.sh.there.out.wake_writer();
     }
 }
 
@@ -369,7 +369,7 @@ pub(super) async fn serve(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
     st.outboxes.close(conn);
     sh.reader_done.set(true);
     sh.there.out.close_reading();
-    sh.there.out.queue(|_| {});
+    sh.there.out.wake_writer();
     drop(stream);
     writer.await;
 }

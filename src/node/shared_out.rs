@@ -103,6 +103,14 @@ impl SharedOut {
         }
     }
 
+    /// Wakes the connection's writer to look again (a task ended, the reader stopped).
+    pub fn wake_writer(&self) {
+        let w = self.lock().writer.take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
     /// Answers from another shard (module docs): writes `f`'s frame at once when
     /// nothing waits before it and no other routed send of the connection is
     /// unanswered, else queues it for the connection's writer (which sends the answers
@@ -192,10 +200,7 @@ impl SharedOut {
     pub fn remote_done(&self) {
         let left = self.remote.fetch_sub(1, Ordering::AcqRel) - 1;
         if left == 0 && self.closing.load(Ordering::Acquire) {
-            let w = self.lock().writer.take();
-            if let Some(w) = w {
-                w.wake();
-            }
+            self.wake_writer();
         }
     }
 
