@@ -12,6 +12,9 @@
 //!   `SendMessageProcessor`) is answered with its code, `msgId` and `queueOffset`; any other status is
 //!   refused with RocketMQ's response code and a remark. Only a stored put signals the
 //!   queue's held pulls.
+//! * A single send whose queue another shard owns, on a connection served by a shard,
+//!   is put and answered by the owning shard on the connection (`node::shared_out`,
+//!   `NodeConfig::owner_answers_routed_sends`); the connection's shard does not wait.
 //! * A transactional send (sysFlag prepared or `TRAN_MSG` true) stores a half message
 //!   (`crate::transaction::half`), answered with its half-queue offset; refused with
 //!   NO_PERMISSION under `reject_transaction_message`, and in a batch.
