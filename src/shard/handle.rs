@@ -165,18 +165,7 @@ impl Route for Handle {
     {
         let args = args.to_owned();
         async move {
-            if self.shared.closed.load(Ordering::SeqCst) {
-                return Err(Error::ShutDown);
-            }
-            let tx = self.shared.senders.get(shard).ok_or_else(|| {
-                Error::BadRequest(format!(
-                    "shard {shard} does not exist (this store has {})",
-                    self.shards()
-                ))
-            })?;
-            if !self.shared.alive[shard].load(Ordering::SeqCst) {
-                return Err(gone(shard));
-            }
+            let tx = self.inbox_of(shard)?;
             let (reply, answer) = reply::channel();
             let job: Job = Box::new(move |store: &Store| {
                 let store = store.clone();
@@ -276,17 +265,9 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
 }
 
 impl Handle {
-    /// Starts `f`'s future on `shard` as a task of its own and returns once the job is
-    /// in the shard's inbox (a full inbox makes this wait), not when the task ends: for
-    /// work that answers by itself (the node's routed sends answer their client on the
-    /// connection, `node::shared_out`). Refused (the shard gone, the store shut), `f`
-    /// is dropped unrun, on the calling thread.
-    #[cfg_attr(not(feature = "node"), allow(dead_code))]
-    pub(crate) async fn spawn_on<F, Fut>(&self, shard: usize, f: F) -> Result<()>
-    where
-        F: FnOnce(Store) -> Fut + Send + 'static,
-        Fut: Future<Output = ()> + 'static,
-    {
+    /// The inbox of `shard`, when a request may go there: the store is not shut, the
+    /// shard exists and its thread is alive.
+    fn inbox_of(&self, shard: usize) -> Result<&flume::Sender<Request>> {
         if self.shared.closed.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
@@ -299,6 +280,21 @@ impl Handle {
         if !self.shared.alive[shard].load(Ordering::SeqCst) {
             return Err(gone(shard));
         }
+        Ok(tx)
+    }
+
+    /// Starts `f`'s future on `shard` as a task of its own and returns once the job is
+    /// in the shard's inbox (a full inbox makes this wait), not when the task ends: for
+    /// work that answers by itself (the node's routed sends answer their client on the
+    /// connection, `node::shared_out`). Refused (the shard gone, the store shut), `f`
+    /// is dropped unrun, on the calling thread.
+    #[cfg_attr(not(feature = "node"), allow(dead_code))]
+    pub(crate) async fn spawn_on<F, Fut>(&self, shard: usize, f: F) -> Result<()>
+    where
+        F: FnOnce(Store) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let tx = self.inbox_of(shard)?;
         let job: Job = Box::new(move |store: &Store| {
             glommio::spawn_local(f(store.clone())).detach();
         });

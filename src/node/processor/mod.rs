@@ -132,11 +132,8 @@ pub(crate) async fn process_send(
             "request"
         );
         let there = Some((conn, to, oneway));
-        match send_message::send(st, code, header, body, conn.peer, there).await {
-            Ok(Sent::Reply(r)) => answer(oneway, to, Ok(Reply::Send(r))),
-            Ok(Sent::Elsewhere) => Outcome::NoReply,
-            Err(e) => answer(oneway, to, Err(e)),
-        }
+        let r = send_message::send(st, code, header, body, conn.peer, there).await;
+        answer_send(oneway, to, r)
     })
     .await
 }
@@ -278,11 +275,8 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
     let r = match req.code {
         SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => {
             let h = SendHeader::from_command(&req);
-            return match send_message::send(st, req.code, &h, &req.body, peer, None).await {
-                Ok(Sent::Reply(r)) => answer(oneway, to, Ok(Reply::Send(r))),
-                Ok(Sent::Elsewhere) => Outcome::NoReply,
-                Err(e) => answer(oneway, to, Err(e)),
-            };
+            let r = send_message::send(st, req.code, &h, &req.body, peer, None).await;
+            return answer_send(oneway, to, r);
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
         END_TRANSACTION => end_transaction::end_transaction(st, &req, peer).await,
@@ -343,6 +337,15 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
 
 /// A processor's result as the request's outcome: nothing for a one-way request, a
 /// refusal as a response with its code and remark.
+/// A send's [`answer`]; none when the shard owning its queue answers it.
+fn answer_send(oneway: bool, to: ReplyTo, r: Result<Sent, Reject>) -> Outcome {
+    match r {
+        Ok(Sent::Reply(r)) => answer(oneway, to, Ok(Reply::Send(r))),
+        Ok(Sent::Elsewhere) => Outcome::NoReply,
+        Err(e) => answer(oneway, to, Err(e)),
+    }
+}
+
 fn answer(oneway: bool, to: ReplyTo, r: Result<Reply, Reject>) -> Outcome {
     if oneway {
         return Outcome::NoReply;
