@@ -35,6 +35,8 @@
 #        tailing consumers) at 10, 25, 50, 75 and 90% of the closed-loop rate of the
 #        same workload (s11-capacity, run first), one run per point:
 #        offered and achieved msg/s, put p50/p99/p99.9 and end-to-end p99 per point,
+#        and the put's own service time p99 (from when its lane began it: the rest of
+#        the latency is the late start, put_start_late_us in each point's JSON),
 #        the curves in bench-results/s11-latency-vs-load.svg.
 #
 # Usage: scripts/bench.sh [--quick] [--only LIST] [--dir DIR] [--out DIR]
@@ -510,6 +512,7 @@ if want 11; then
             achieved_per_sec: $r.messages_per_sec, ok: ($r.ok // false),
             failed: ($r.failed // false), first_error: $r.first_error,
             put_latency_us: $r.put_latency_us, e2e_latency_us: $r.e2e_latency_us,
+            put_start_late_us: $r.put_start_late_us, put_service_us: $r.put_service_us,
             consumed_while_producing: $r.consumed_while_producing, messages: $r.messages,
             cpu_us_per_message: $r.cpu_us_per_message}] as $points
         | {label: "latency vs load (async 1 KiB, tailing consumers)",
@@ -757,7 +760,8 @@ s11_result() {
         else
             out="$out $p%: $(fmt "$(j "$n" .config.rate)") → $(fmt "$(j "$n" .messages_per_sec)"):"
             out="$out $(lat "$(j "$n" .put_latency_us.p50)") / $(lat "$(j "$n" .put_latency_us.p99)") / $(lat "$(j "$n" .put_latency_us.p99_9)"),"
-            out="$out e2e $(lat "$(j "$n" '.e2e_latency_us.p99 // 0')");"
+            out="$out e2e $(lat "$(j "$n" '.e2e_latency_us.p99 // 0')"),"
+            out="$out put service p99 $(lat "$(j "$n" '.put_service_us.p99 // 0')");"
         fi
     done
     echo "${out%;}"

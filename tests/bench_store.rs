@@ -159,3 +159,40 @@ fn tiny_timer_bench_runs() {
     );
     assert!(loadgen::run_mode(&cfg).is_err(), "a kept store is refused");
 }
+
+/// A paced run (`--rate`) reports, for every put, how late it began and its own time
+/// from when its lane began it, beside the latency charged from its intended start;
+/// each put's latency is at least its service time, so the service percentiles never
+/// exceed the latency's. An unpaced run has no late starts to report.
+#[test]
+fn a_paced_run_splits_put_latency_into_late_start_and_service() {
+    for rate in [Some(4000.0), None] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = loadgen::LoadConfig {
+            label: "paced".into(),
+            data_dir: Some(dir.path().join("store")),
+            shards: Some(SHARDS as u32),
+            queues: QUEUES as u32,
+            messages: Some(PER_RUN),
+            outstanding: 4,
+            rate,
+            quiet: true,
+            ..loadgen::LoadConfig::default()
+        };
+        let report = loadgen::run(&cfg).expect("bench runs");
+        assert!(report.ok(), "{}", report.summary());
+        let j = report.to_json();
+        let count = |k: &str| j[k]["count"].as_u64().unwrap_or(0);
+        assert_eq!(count("put_latency_us"), PER_RUN, "{j}");
+        assert_eq!(count("put_service_us"), PER_RUN, "{j}");
+        if rate.is_some() {
+            assert_eq!(count("put_start_late_us"), PER_RUN, "{j}");
+        } else {
+            assert!(j["put_start_late_us"].is_null(), "{j}");
+        }
+        for p in ["p50", "p99", "max"] {
+            let (svc, lat) = (&j["put_service_us"][p], &j["put_latency_us"][p]);
+            assert!(svc.as_f64().unwrap() <= lat.as_f64().unwrap(), "{p}: {j}");
+        }
+    }
+}

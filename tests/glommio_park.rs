@@ -205,6 +205,47 @@ fn stay_awake_until_keeps_the_executor_from_sleeping() {
     });
 }
 
+/// `(q)`: `spin_for_timers_within` keeps an executor whose next timer is due within
+/// the spin from sleeping until it, and a timer further away than the spin is slept
+/// for as before. Each phase waits for 20 timers of 1 ms; told to spin for timers
+/// within 5 ms, the thread must not sleep for them (a few switches for noise);
+/// within 100 us (less than the 1 ms gap), it must sleep for most of them.
+#[test]
+fn spin_for_timers_within_keeps_the_executor_awake_for_a_near_timer() {
+    const WAITS: u64 = 20;
+    watched("timer-spin-test", |progress| {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("make executor");
+        let (near, far) = ex.run(async {
+            let mut phases = [0u64; 2];
+            for (phase, slept) in phases.iter_mut().enumerate() {
+                let within = if phase == 0 {
+                    Duration::from_millis(5)
+                } else {
+                    Duration::from_micros(100)
+                };
+                glommio::executor().spin_for_timers_within(within);
+                let before = voluntary_switches();
+                for _ in 0..WAITS {
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                }
+                *slept = voluntary_switches() - before;
+            }
+            (phases[0], phases[1])
+        });
+        progress.send(()).expect("watchdog gone");
+        assert!(
+            near <= WAITS / 4,
+            "slept {near} times for {WAITS} timers 1 ms away, told to spin for 5 ms"
+        );
+        assert!(
+            far >= WAITS / 2,
+            "slept only {far} times for {WAITS} timers 1 ms away, told to spin for 100 us"
+        );
+    });
+}
+
 /// `(k, p)`: the preempt time still preempts. Since patch p it is a deadline
 /// `need_preempt()` compares with the clock (k submitted a timer per loop); a
 /// deadline never set or never read would leave a busy task that yields only when

@@ -53,6 +53,10 @@ pub struct NodeConfig {
     /// replies have lately come within it (`ShardedConfig::reply_spin`; 0: never);
     /// absent: the store's default.
     pub reply_spin_us: Option<u64>,
+    /// A shard with nothing to run spins rather than parks while its next timer is
+    /// due within this (`ShardedConfig::timer_spin`; 0: never); absent: the store's
+    /// default.
+    pub timer_spin_us: Option<u64>,
     /// With `network = "shards"`: a single send whose queue another shard owns is
     /// answered by that shard on the client's connection (one hop; less CPU per send), not handed back to the
     /// connection's shard to answer (`node::shared_out`; docs/performance/node.md has
@@ -194,6 +198,7 @@ impl Default for NodeConfig {
             shards: 0,
             awake_window_us: None,
             reply_spin_us: None,
+            timer_spin_us: None,
             owner_answers_routed_sends: true,
             pin: true,
             flush: "async".into(),
@@ -271,6 +276,7 @@ impl NodeConfig {
         for (name, us) in [
             ("awake_window_us", self.awake_window_us),
             ("reply_spin_us", self.reply_spin_us),
+            ("timer_spin_us", self.timer_spin_us),
         ] {
             if us.is_some_and(|us| us > 1_000_000) {
                 return bad(format!("{name} must be at most 1000000 (a second)"));
@@ -375,6 +381,9 @@ impl NodeConfig {
         }
         if let Some(us) = self.reply_spin_us {
             s.reply_spin = Duration::from_micros(us);
+        }
+        if let Some(us) = self.timer_spin_us {
+            s.timer_spin = Duration::from_micros(us);
         }
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
         s.store.ha = self.ha_config();

@@ -20,8 +20,8 @@
 //!   it slowed fdatasync, whose completion work runs on the executor's CPU
 //!   (docs/performance/shard.md), and it burns CPU while idle. Instead a shard stays
 //!   awake only while requests arrive close together (`awake_window`) or while it
-//!   waits for another shard's reply that is expected soon (`reply_spin`):
-//!   `wait.rs`.
+//!   waits for another shard's reply that is expected soon (`reply_spin`) or for a
+//!   timer due soon (`timer_spin`): `wait.rs`.
 //! * **Placement** (`pin`, `cpus`): shard `i` runs on `cpus[i]` (default: the `i`-th
 //!   CPU this process may use), or wherever the kernel puts it (`pin = false`).
 
@@ -42,6 +42,8 @@ use std::time::Duration;
 pub const DEFAULT_AWAKE_WINDOW: Duration = Duration::from_micros(50);
 /// Default [`ShardedConfig::reply_spin`].
 pub const DEFAULT_REPLY_SPIN: Duration = Duration::from_micros(50);
+/// Default [`ShardedConfig::timer_spin`] (README "Measured": how it was chosen).
+pub const DEFAULT_TIMER_SPIN: Duration = Duration::from_micros(30);
 /// Default [`ShardedConfig::preempt_timer`]: how long a task queue may keep a shard
 /// while another waits. glommio's own default is 100 ms; every figure in README
 /// "Measured" ran at 5 ms, which the load generator measured best (100 ms: put tail
@@ -70,6 +72,10 @@ pub struct ShardedConfig {
     /// replies have been coming back within it; never on the answering shard's CPU.
     /// Zero: always park. `wait.rs`.
     pub reply_spin: Duration,
+    /// A shard with nothing to run keeps its executor awake (polling, not parked)
+    /// while its next timer is due within this; zero: park whatever the next timer.
+    /// `wait.rs`.
+    pub timer_spin: Duration,
     /// Template for every shard's store (root and base offset are set per shard).
     pub store: StoreConfig,
     /// Requests that may wait in a shard's queue before senders wait.
@@ -97,6 +103,7 @@ impl ShardedConfig {
             cpus: None,
             awake_window: DEFAULT_AWAKE_WINDOW,
             reply_spin: DEFAULT_REPLY_SPIN,
+            timer_spin: DEFAULT_TIMER_SPIN,
             store: StoreConfig::new(&root),
             root,
             channel_capacity: 4096,
@@ -202,10 +209,10 @@ impl ShardedStore {
             let store_cfg = cfg.shard_config(i);
             let h = handle.clone();
             let b = beats.clone();
-            let window = cfg.awake_window;
+            let waits = (cfg.awake_window, cfg.timer_spin);
             let spawned = cfg
                 .executor(i)
-                .spawn(move || shard_main(i, store_cfg, inbox, h, window, ready_tx, b));
+                .spawn(move || shard_main(i, store_cfg, inbox, h, waits, ready_tx, b));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -381,7 +388,7 @@ async fn shard_main(
     cfg: StoreConfig,
     inbox: Inbox,
     handle: Handle,
-    awake_window: Duration,
+    (awake_window, timer_spin): (Duration, Duration),
     ready: flume::Sender<Result<()>>,
     beats: Option<Arc<Beats>>,
 ) {
@@ -391,7 +398,7 @@ async fn shard_main(
         inbox: inbox.clone(),
     };
     ALIVE.with(|a| *a.borrow_mut() = Some(alive));
-    crate::shard::wait::enter_shard(awake_window);
+    crate::shard::wait::enter_shard(awake_window, timer_spin);
     shard_serve(shard, cfg, &handle, inbox, ready, beats).await;
     // A normal end: dead from here (a panic's end is the thread-local's destructor).
     ALIVE.with(|a| drop(a.borrow_mut().take()));

@@ -268,6 +268,11 @@ pub struct LoadConfig {
     /// spins); default: the store's
     #[arg(long, value_name = "US")]
     pub reply_spin_us: Option<u64>,
+    /// A shard with nothing to run spins rather than parks while its next timer is
+    /// due within this (`ShardedConfig::timer_spin`; 0: always parks); default: the
+    /// store's
+    #[arg(long, value_name = "US")]
+    pub timer_spin_us: Option<u64>,
     /// The shards' glommio preempt timer (`ShardedConfig::preempt_timer`): how long a
     /// task queue may keep the CPU while another waits
     #[arg(long, value_name = "US", default_value_t = super::PREEMPT_TIMER.as_micros() as u64)]
@@ -464,6 +469,7 @@ impl LoadConfig {
             "spin_us": self.spin_us,
             "awake_window_us": self.awake_window_us,
             "reply_spin_us": self.reply_spin_us,
+            "timer_spin_us": self.timer_spin_us,
             "preempt_us": self.preempt_us,
             "background_turn_us": self.background_turn_us,
             "stall_ms": self.stall_ms,

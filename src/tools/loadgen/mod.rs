@@ -127,6 +127,9 @@ fn open_store(
     if let Some(us) = cfg.reply_spin_us {
         sc.reply_spin = Duration::from_micros(us);
     }
+    if let Some(us) = cfg.timer_spin_us {
+        sc.timer_spin = Duration::from_micros(us);
+    }
     sc.preempt_timer = Some(Duration::from_micros(cfg.preempt_us.max(1)));
     sc.stall_threshold = (cfg.stall_ms > 0).then(|| Duration::from_millis(cfg.stall_ms));
     ShardedStore::open(sc).map_err(|e| format!("cannot open the store in {}: {e}", root.display()))

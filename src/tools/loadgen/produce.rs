@@ -46,12 +46,18 @@ pub(super) struct Produced {
     pub end_ns: u64,
     /// Nanoseconds.
     pub put_latency: Histogram<u64>,
+    /// Nanoseconds a paced put began after its intended time (empty without --rate).
+    pub start_late: Histogram<u64>,
+    /// Nanoseconds from when the lane began a put (filling the message) to its return.
+    pub service: Histogram<u64>,
     pub first_error: Option<String>,
 }
 
 /// Latencies and the first failure of the lanes of a group, recorded as they go.
 pub(super) struct LaneStats {
     pub put_latency: RefCell<Histogram<u64>>,
+    pub start_late: RefCell<Histogram<u64>>,
+    pub service: RefCell<Histogram<u64>>,
     pub first_error: RefCell<Option<String>>,
 }
 
@@ -59,6 +65,8 @@ impl LaneStats {
     pub fn new() -> Rc<LaneStats> {
         Rc::new(LaneStats {
             put_latency: RefCell::new(new_histogram()),
+            start_late: RefCell::new(new_histogram()),
+            service: RefCell::new(new_histogram()),
             first_error: RefCell::new(None),
         })
     }
@@ -69,6 +77,8 @@ impl LaneStats {
             start_ns,
             end_ns: ends.into_iter().max().unwrap_or(start_ns),
             put_latency: self.put_latency.replace(new_histogram()),
+            start_late: self.start_late.replace(new_histogram()),
+            service: self.service.replace(new_histogram()),
             first_error: self.first_error.borrow_mut().take(),
         }
     }
@@ -209,6 +219,14 @@ pub(super) async fn lane<P: PutPath>(p: Rc<Producer>, path: Rc<P>, lane_id: u64)
         // A send that starts late is charged from its intended time; one that starts
         // a little early (within the timer slack) from when it really started.
         let sent = intended.map_or(now, |at| at.min(now));
+        if intended.is_some() {
+            // How much of its latency a paced put spent waiting to begin: the
+            // executor busy with other work, or the timer's wake-up.
+            p.stats
+                .start_late
+                .borrow_mut()
+                .saturating_record(now - sent);
+        }
         let queue = p.plan.queue_of(p.g, k);
         let mut bytes = 0;
         for i in 0..n as usize {
@@ -223,6 +241,10 @@ pub(super) async fn lane<P: PutPath>(p: Rc<Producer>, path: Rc<P>, lane_id: u64)
         let status = path.put(&mut msgs).await;
         let done = now_ns();
         last_done = done;
+        p.stats
+            .service
+            .borrow_mut()
+            .saturating_record(done.saturating_sub(now));
         p.account(queue, n, bytes, sent, done, status);
         path.after_put().await;
     }

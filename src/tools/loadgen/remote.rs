@@ -121,6 +121,16 @@ struct Shared {
 }
 
 impl Shared {
+    /// With `--rate`: whether the next message number is not yet due (another
+    /// producer may take it first; then `take` waits at most for the one after).
+    fn next_not_due(&self) -> bool {
+        let Some(rate) = self.rate.filter(|r| *r > 0.0) else {
+            return false;
+        };
+        let i = self.next.load(Ordering::Relaxed);
+        self.started + Duration::from_secs_f64(i as f64 / rate) > Instant::now()
+    }
+
     /// The first of the next `n` message numbers and how many of them to send, or
     /// `None` when done.
     fn take(&self, n: u64) -> Option<(u64, u64)> {
@@ -319,6 +329,12 @@ fn producer(cfg: &LoadConfig, target: &str, sh: &Arc<Shared>) -> Result<(), Stri
         let mut bytes = 0;
         let mut burst = 0;
         while burst < MAX_BURST {
+            // A paced send due later ends the burst: the ones taken go out now, not
+            // after `take` slept for it (which charged each request of a burst the
+            // sleeps for the ones after it: ~outstanding / (2 x rate) at p50).
+            if burst > 0 && sh.next_not_due() {
+                break;
+            }
             // Wait for a free slot for the first request; take only free ones after.
             let slot = if burst == 0 {
                 tokens_tx.send(()).is_ok()

@@ -56,6 +56,12 @@ pub struct Report {
     pub first_error: Option<String>,
     /// Nanoseconds.
     pub put_latency: Histogram<u64>,
+    /// Nanoseconds a paced put began after its intended time (part of `put_latency`);
+    /// empty without --rate.
+    pub start_late: Histogram<u64>,
+    /// Nanoseconds from each put's real start to its return: `put_latency` without the
+    /// late start (the executor busy elsewhere, descheduled, or waking from a timer).
+    pub service: Histogram<u64>,
     /// Nanoseconds; empty without consumers.
     pub e2e_latency: Histogram<u64>,
     pub cpu_seconds: f64,
@@ -177,6 +183,8 @@ impl Report {
             "errors": self.errors,
             "first_error": self.first_error,
             "put_latency_us": Report::latency_json(&self.put_latency),
+            "put_start_late_us": Report::latency_json(&self.start_late),
+            "put_service_us": Report::latency_json(&self.service),
             "e2e_latency_us": Report::latency_json(&self.e2e_latency),
             "cpu_seconds": self.cpu_seconds,
             "cpu_us_per_message": self.cpu_us_per_message(),
@@ -243,6 +251,8 @@ impl Report {
             self.seconds
         );
         s.push_str(&latency_line("put", &self.put_latency));
+        s.push_str(&latency_line("late start", &self.start_late));
+        s.push_str(&latency_line("put service", &self.service));
         s.push_str(&latency_line("end-to-end", &self.e2e_latency));
         let _ = writeln!(
             s,

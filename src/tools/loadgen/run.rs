@@ -168,6 +168,8 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
         errors: sum(&plan.counters, |c| &c.errors),
         first_error: None,
         put_latency: new_histogram(),
+        start_late: new_histogram(),
+        service: new_histogram(),
         e2e_latency: new_histogram(),
         cpu_seconds: cpu_end - cpu_start,
         producing_cpu_seconds: cpu_produced.unwrap_or(cpu_end) - cpu_start,
@@ -214,6 +216,14 @@ fn merge(
         report
             .put_latency
             .add(&p.put_latency)
+            .map_err(|e| format!("merging histograms: {e}"))?;
+        report
+            .start_late
+            .add(&p.start_late)
+            .map_err(|e| format!("merging histograms: {e}"))?;
+        report
+            .service
+            .add(&p.service)
             .map_err(|e| format!("merging histograms: {e}"))?;
     }
     if first_error.is_none() && report.config.consumers && report.consumed != report.messages {

@@ -823,6 +823,11 @@ impl Reactor {
         timers.timers.contains_key(id)
     }
 
+    /// coremq patch q: when the earliest registered timer is due.
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
+        self.timers.borrow().timers.keys().next().map(|(when, _)| *when)
+    }
+
     /// Processes ready timers and extends the list of wakers to wake.
     ///
     /// Returns the duration until the next timer

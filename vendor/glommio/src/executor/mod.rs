@@ -359,6 +359,8 @@ struct ExecutorQueues {
     spin_before_park: Option<Duration>,
     // coremq patch: see `ExecutorProxy::stay_awake_until`.
     awake_until: Option<Instant>,
+    // coremq patch q: see `ExecutorProxy::spin_for_timers_within`.
+    timer_spin: Duration,
     stats: ExecutorStats,
 }
 
@@ -374,6 +376,7 @@ impl ExecutorQueues {
             default_preempt_timer_duration: preempt_timer_duration,
             spin_before_park,
             awake_until: None,
+            timer_spin: Duration::ZERO,
             stats: ExecutorStats::new(),
         }
     }
@@ -1545,11 +1548,21 @@ impl LocalExecutor {
                     } else {
                         // coremq patch: spin (poll I/O and foreign wakes without
                         // sleeping) also until a task's `stay_awake_until` deadline.
-                        let awake_until = this.queues.borrow().awake_until;
+                        // coremq patch q: and while a timer is due within
+                        // `timer_spin` (`ExecutorProxy::spin_for_timers_within`).
+                        let (awake_until, timer_spin) = {
+                            let q = this.queues.borrow();
+                            (q.awake_until, q.timer_spin)
+                        };
                         while !this.reactor.spin_poll_io().unwrap() {
                             let now = Instant::now();
                             if now - pre_time > spin_before_park
                                 && awake_until.is_none_or(|until| now >= until)
+                                && (timer_spin.is_zero()
+                                    || this
+                                        .reactor
+                                        .next_timer()
+                                        .is_none_or(|at| at > now + timer_spin))
                             {
                                 this.parker
                                     .park()
@@ -2244,6 +2257,26 @@ impl ExecutorProxy {
         unsafe {
             if let Some(ex) = LOCAL_EX.as_ref() {
                 extend(ex);
+            }
+        }
+    }
+
+    /// coremq patch q: once no task is runnable, this executor polls I/O and timers
+    /// without sleeping while its next timer is due within `within`, instead of
+    /// parking in the kernel until it. A park and the timer's wake cost more CPU than
+    /// spinning a short gap, and the wake comes late (a hrtimer interrupt and a trip
+    /// through the kernel's scheduler). `Duration::ZERO` (the default): park whatever
+    /// the next timer. Outside an executor it does nothing.
+    pub fn spin_for_timers_within(&self, within: Duration) {
+        let set = |ex: &LocalExecutor| ex.queues.borrow_mut().timer_spin = within;
+        #[cfg(not(feature = "native-tls"))]
+        if LOCAL_EX.is_set() {
+            LOCAL_EX.with(set);
+        }
+        #[cfg(feature = "native-tls")]
+        unsafe {
+            if let Some(ex) = LOCAL_EX.as_ref() {
+                set(ex);
             }
         }
     }
