@@ -163,7 +163,8 @@ fn tiny_timer_bench_runs() {
 /// A paced run (`--rate`) reports, for every put, how late it began and its own time
 /// from when its lane began it, beside the latency charged from its intended start;
 /// each put's latency is at least its service time, so the service percentiles never
-/// exceed the latency's. An unpaced run has no late starts to report.
+/// exceed the latency's. An unpaced run has no late starts to report. Its tailing
+/// consumers read every message.
 #[test]
 fn a_paced_run_splits_put_latency_into_late_start_and_service() {
     for rate in [Some(4000.0), None] {
@@ -176,6 +177,10 @@ fn a_paced_run_splits_put_latency_into_late_start_and_service() {
             messages: Some(PER_RUN),
             outstanding: 4,
             rate,
+            // Tailing consumers, woken per queue: every message is read back (the run
+            // is not ok otherwise) within the drain timeout.
+            consumers: true,
+            drain_timeout: 10.0,
             quiet: true,
             ..loadgen::LoadConfig::default()
         };
@@ -187,6 +192,9 @@ fn a_paced_run_splits_put_latency_into_late_start_and_service() {
         assert_eq!(count("put_service_us"), PER_RUN, "{j}");
         if rate.is_some() {
             assert_eq!(count("put_start_late_us"), PER_RUN, "{j}");
+            // Paced over ~0.1 s, the consumers keep up: woken as their queues' records
+            // become visible, not only when the run ends.
+            assert!(report.consumed_while_producing >= PER_RUN / 2, "{j}");
         } else {
             assert!(j["put_start_late_us"].is_null(), "{j}");
         }

@@ -5,9 +5,13 @@
 //!
 //! A watcher task per shard wakes them when dispatch made new records visible (what
 //! the node's "message arriving" hook does for held pulls). With `--via local` the
-//! shard's own producers tell it a put arrived; with `--via handle` the puts arrive as
-//! requests the watcher cannot see, so once dispatch has caught up it looks again every
-//! [`OUTSIDE_POLL`] (up to that much more end-to-end latency).
+//! shard's own producers tell it a put arrived and to which queue, and only that
+//! queue's consumer is woken, as the node signals a held pull per queue (waking every
+//! consumer of the shard for each record, as it did, cost 32 task wakes and queue
+//! lookups per put at moderate rates: 9.2 us of CPU per message at 25% of the closed
+//! loop against 2.3 at it). With `--via handle` the puts arrive as requests the watcher
+//! cannot see, so once dispatch has caught up it looks again every [`OUTSIDE_POLL`]
+//! (up to that much more end-to-end latency) and wakes every consumer.
 
 use super::local::Shard;
 use super::measure::now_ns;
@@ -78,10 +82,12 @@ pub(super) async fn watch_dispatch(shard: Rc<Shard>) {
         // The dispatcher may have run before this task: announce whatever it
         // dispatched since the last round, waited for or not.
         let dispatched = store.dispatched_log_offset();
-        if dispatched > announced {
-            announced = dispatched;
-            shard.visible.notify();
+        if shard.local_producers {
+            shard.notify_dispatched(dispatched);
+        } else if dispatched > announced {
+            shard.notify_all();
         }
+        announced = announced.max(dispatched);
         if dispatched < store.max_log_offset() {
             store.wait_dispatched().await;
             continue;
@@ -96,12 +102,12 @@ pub(super) async fn watch_dispatch(shard: Rc<Shard>) {
         }
     }
     shard.drained.set(true);
-    shard.visible.notify();
+    shard.notify_all();
 }
 
 /// A tailing consumer of one queue: reads every record from `from` on as soon as it
 /// is visible and records its end-to-end latency.
-pub(super) async fn consume(shard: Rc<Shard>, topic: String, q: i32, from: u64) {
+pub(super) async fn consume(shard: Rc<Shard>, slot: usize, topic: String, q: i32, from: u64) {
     let store = &shard.store;
     let mut offset = from;
     loop {
@@ -112,7 +118,7 @@ pub(super) async fn consume(shard: Rc<Shard>, topic: String, q: i32, from: u64) 
             if shard.drained.get() {
                 return;
             }
-            shard.visible.changed().await;
+            shard.visible[slot].changed().await;
             continue;
         }
         let got = match store.get(&topic, q, offset, PULL_BATCH, 1 << 20).await {

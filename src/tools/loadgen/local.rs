@@ -38,8 +38,14 @@ pub(super) struct Shard {
     first_error: RefCell<Option<String>>,
     /// Local producers notify after every put, for the dispatch watcher.
     pub arrival: Signal,
-    /// New records are visible to `get`.
-    pub visible: Signal,
+    /// New records of the shard's queue `i` (`plan.owned[index][i]`) are visible to
+    /// `get`: its consumer's signal.
+    pub visible: Vec<Signal>,
+    /// The queues local producers put to whose consumers were not told yet, each
+    /// once, with the log's end after their last put (0: not listed): `mark_put`,
+    /// `notify_dispatched`.
+    put_to: RefCell<Vec<usize>>,
+    put_end: RefCell<Vec<u64>>,
     pub producing: Cell<bool>,
     /// Everything put is visible: consumers may stop once they have read it.
     pub drained: Cell<bool>,
@@ -54,6 +60,43 @@ impl Shard {
 
     pub fn error(&self, what: String) {
         self.first_error.borrow_mut().get_or_insert(what);
+    }
+
+    /// A local producer's put to `topic`/`queue_id` (a queue of this shard's)
+    /// returned: its record lies below the log's end now.
+    pub fn mark_put(&self, topic: &str, queue_id: i32) {
+        let owned = &self.plan.owned[self.index];
+        let Some(i) = owned
+            .iter()
+            .position(|q| q.id == queue_id && q.topic == topic)
+        else {
+            return;
+        };
+        let mut end = self.put_end.borrow_mut();
+        if end[i] == 0 {
+            self.put_to.borrow_mut().push(i);
+        }
+        // The latest put's end: an earlier one's alone could wake the consumer before
+        // this record is visible, and then nothing would wake it for this one.
+        end[i] = self.store.max_log_offset().max(1);
+    }
+
+    /// Wakes the consumers of the queues whose puts are all below `dispatched`.
+    pub fn notify_dispatched(&self, dispatched: u64) {
+        let mut end = self.put_end.borrow_mut();
+        self.put_to.borrow_mut().retain(|&i| {
+            if end[i] > dispatched {
+                return true;
+            }
+            end[i] = 0;
+            self.visible[i].notify();
+            false
+        });
+    }
+
+    /// Wakes every consumer of the shard.
+    pub fn notify_all(&self) {
+        self.visible.iter().for_each(Signal::notify);
     }
 }
 
@@ -74,11 +117,17 @@ struct LocalPuts(Rc<Shard>);
 
 impl PutPath for LocalPuts {
     async fn put(&self, msgs: &mut Vec<Message>) -> PutStatus {
-        if msgs.len() == 1 {
+        let status = if msgs.len() == 1 {
             self.0.store.put(&msgs[0]).await.status
         } else {
             self.0.store.put_batch(msgs).await.status
+        };
+        if self.0.plan.cfg.consumers
+            && let Some(m) = msgs.first()
+        {
+            self.0.mark_put(&m.topic, m.queue_id);
         }
+        status
     }
 
     async fn sleep_until(&self, ns: u64) {
@@ -109,7 +158,12 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
         e2e_latency: RefCell::new(new_histogram()),
         first_error: RefCell::new(None),
         arrival: Signal::default(),
-        visible: Signal::default(),
+        visible: plan.owned[index]
+            .iter()
+            .map(|_| Signal::default())
+            .collect(),
+        put_to: RefCell::new(Vec::new()),
+        put_end: RefCell::new(vec![0; plan.owned[index].len()]),
         producing: Cell::new(true),
         drained: Cell::new(false),
         stop_consumers: Cell::new(false),
@@ -125,10 +179,10 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
     if plan.cfg.consumers {
         let tq =
             executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "consumers");
-        for q in plan.owned[index].iter() {
+        for (slot, q) in plan.owned[index].iter().enumerate() {
             // Start at the end: only this run's messages are read.
             let from = store.max_queue_offset(&q.topic, q.id);
-            let fut = consume(shard.clone(), q.topic.clone(), q.id, from);
+            let fut = consume(shard.clone(), slot, q.topic.clone(), q.id, from);
             consumers.push(spawn_local_into(fut, tq).expect("spawn consumer"));
         }
         consumers.push(spawn_local_into(watch_dispatch(shard.clone()), tq).expect("spawn watcher"));
@@ -216,7 +270,7 @@ async fn drain(shard: &Rc<Shard>, consumers: Vec<glommio::Task<()>>) {
             }
             timed_out = true;
             shard.stop_consumers.set(true);
-            shard.visible.notify();
+            shard.notify_all();
         }
         c.await;
     }
