@@ -25,9 +25,11 @@
 //!   whose next timer is due within the timer spin polls until it (glommio patch q,
 //!   `spin_for_timers_within`) instead of parking: the park and the timer's wake
 //!   cost ~20-25 us of CPU and made the timer ~20 us late (paced puts at 70,000
-//!   msg/s: put p50 22 -> 2 us at the same CPU per message). A gap longer than the
-//!   spin parks as before, so an idle shard (its next timer a heartbeat away) and a
-//!   node waiting for its network do not spin.
+//!   msg/s: put p50 22 -> 2 us; the CPUs were ~90% busy with the parks and wakes and
+//!   are fully busy spinning, 25.5 -> 28.4 us per message; a node at 1,000 sends a
+//!   second used less CPU with it). 30 us: at 15 the p50 was 12 us. A gap longer
+//!   than the spin parks as before, so an idle shard (its next timer a heartbeat
+//!   away) and a node waiting for its network do not spin.
 //! * Both sides only spin on their own thread; the one that wakes a parked peer pays
 //!   a syscall (an eventfd write to a parked executor, a futex wake to a parked
 //!   thread), and nothing when the peer is awake.
