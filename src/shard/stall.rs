@@ -141,6 +141,9 @@ impl Beats {
             self.reported[shard].store(false, Ordering::Relaxed);
             glommio::timer::sleep(sleep).await;
             if self.stop.load(Ordering::Relaxed) {
+                // No beat is due any more: the monitor must not take the last one,
+                // never followed, for a freeze.
+                self.due[shard].store(0, Ordering::Relaxed);
                 return;
             }
             let slept = slept_from.elapsed();
@@ -183,6 +186,11 @@ impl Beats {
         let limit = self.threshold.as_micros() as u64;
         while !self.stop.load(Ordering::Relaxed) {
             std::thread::sleep(IDLE_TICK.max(self.tick()));
+            // Stopped while it slept: the heartbeats end without a last beat
+            // (a "still frozen" report of each shard at every clean shutdown).
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
             let now = self.now_us();
             for (shard, due) in self.due.iter().enumerate() {
                 let at = due.load(Ordering::Relaxed);
