@@ -10,9 +10,9 @@
 //! consumer of the shard for each record, as it did, cost 32 task wakes and queue
 //! lookups per put at moderate rates: ~28% of the shards' samples at 25% of the
 //! closed loop, and put p50 8.6 us there against 1.9 since). With `--via handle` the
-//! puts arrive as requests the watcher
-//! cannot see, so once dispatch has caught up it looks again every [`OUTSIDE_POLL`]
-//! (up to that much more end-to-end latency) and wakes every consumer.
+//! puts arrive as requests the watcher cannot see, so once dispatch has caught up it
+//! looks again every [`OUTSIDE_POLL`] (up to that much more end-to-end latency) and
+//! wakes every consumer.
 
 use super::local::Shard;
 use super::measure::now_ns;
