@@ -62,16 +62,9 @@ impl Shard {
         self.first_error.borrow_mut().get_or_insert(what);
     }
 
-    /// A local producer's put to `topic`/`queue_id` (a queue of this shard's)
+    /// A local producer's put to the shard's queue `i` (`plan.owned[index][i]`)
     /// returned: its record lies below the log's end now.
-    pub fn mark_put(&self, topic: &str, queue_id: i32) {
-        let owned = &self.plan.owned[self.index];
-        let Some(i) = owned
-            .iter()
-            .position(|q| q.id == queue_id && q.topic == topic)
-        else {
-            return;
-        };
+    fn mark_put(&self, i: usize) {
         let mut end = self.put_end.borrow_mut();
         if end[i] == 0 {
             self.put_to.borrow_mut().push(i);
@@ -117,17 +110,11 @@ struct LocalPuts(Rc<Shard>);
 
 impl PutPath for LocalPuts {
     async fn put(&self, msgs: &mut Vec<Message>) -> PutStatus {
-        let status = if msgs.len() == 1 {
+        if msgs.len() == 1 {
             self.0.store.put(&msgs[0]).await.status
         } else {
             self.0.store.put_batch(msgs).await.status
-        };
-        if self.0.plan.cfg.consumers
-            && let Some(m) = msgs.first()
-        {
-            self.0.mark_put(&m.topic, m.queue_id);
         }
-        status
     }
 
     async fn sleep_until(&self, ns: u64) {
@@ -136,8 +123,10 @@ impl PutPath for LocalPuts {
 
     /// Every outstanding put is its own request: take turns, as a broker serving
     /// requests would, rather than let one lane run until the pool is full.
-    async fn after_put(&self) {
+    async fn after_put(&self, slot: usize) {
         if self.0.plan.cfg.consumers {
+            // A local producer's queue list is its shard's `owned` list.
+            self.0.mark_put(slot);
             self.0.arrival.notify();
         }
         futures_lite::future::yield_now().await;

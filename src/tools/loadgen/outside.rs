@@ -43,7 +43,7 @@ impl PutPath for HandlePuts {
         sleep_until(ns).await
     }
 
-    async fn after_put(&self) {}
+    async fn after_put(&self, _slot: usize) {}
 }
 
 /// Starts one thread per outside producer of `plan`; each returns what it measured.

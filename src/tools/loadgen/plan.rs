@@ -126,9 +126,15 @@ impl Plan {
 
     /// The queue message `seq` of producer `g` goes to (a batch goes to one queue).
     pub fn queue_of(&self, g: usize, seq: u64) -> &QueueRef {
+        &self.producers[g].queues[self.slot_of(g, seq)]
+    }
+
+    /// Where that queue stands in producer `g`'s queue list; for a producer on a
+    /// shard (`--via local`) the list is the shard's `owned` list.
+    pub fn slot_of(&self, g: usize, seq: u64) -> usize {
         let p = &self.producers[g];
         let turn = (seq / self.cfg.batch as u64) as usize;
-        &p.queues[(p.first + turn) % p.queues.len()]
+        (p.first + turn) % p.queues.len()
     }
 
     /// The producers running on shard `s`, by global index.
@@ -218,9 +224,12 @@ mod tests {
             );
         }
         assert_eq!(plan.queue_counts().iter().sum::<usize>(), 64);
-        // Producers run on the shard owning their queues.
+        // Producers run on the shard owning their queues, and their queue list is
+        // that shard's (a slot names the same queue in both: `slot_of`).
         for (g, p) in plan.producers.iter().enumerate() {
-            assert!(plan.queue_of(g, 0).shard == p.shard.unwrap());
+            let s = p.shard.unwrap();
+            assert!(plan.queue_of(g, 0).shard == s);
+            assert!(Arc::ptr_eq(&p.queues, &plan.owned[s]));
         }
     }
 

@@ -35,8 +35,9 @@ pub(super) trait PutPath {
     async fn put(&self, msgs: &mut Vec<Message>) -> PutStatus;
     /// Waits until [`now_ns`] reaches `ns`.
     async fn sleep_until(&self, ns: u64);
-    /// After every put.
-    async fn after_put(&self);
+    /// After every put, to the queue at `slot` in its producer's queue list
+    /// ([`Plan::slot_of`](super::plan::Plan::slot_of)).
+    async fn after_put(&self, slot: usize);
 }
 
 /// What a group of producers (one shard's, or one outside thread's) measured.
@@ -227,6 +228,7 @@ pub(super) async fn lane<P: PutPath>(p: Rc<Producer>, path: Rc<P>, lane_id: u64)
                 .borrow_mut()
                 .saturating_record(now - sent);
         }
+        let slot = p.plan.slot_of(p.g, k);
         let queue = p.plan.queue_of(p.g, k);
         let mut bytes = 0;
         for i in 0..n as usize {
@@ -246,7 +248,7 @@ pub(super) async fn lane<P: PutPath>(p: Rc<Producer>, path: Rc<P>, lane_id: u64)
             .borrow_mut()
             .saturating_record(done.saturating_sub(now));
         p.account(queue, n, bytes, sent, done, status);
-        path.after_put().await;
+        path.after_put(slot).await;
     }
     last_done
 }

@@ -121,14 +121,17 @@ struct Shared {
 }
 
 impl Shared {
+    /// With `--rate`: when message `i` is due.
+    fn due(&self, i: u64) -> Option<Instant> {
+        let rate = self.rate.filter(|r| *r > 0.0)?;
+        Some(self.started + Duration::from_secs_f64(i as f64 / rate))
+    }
+
     /// With `--rate`: whether the next message number is not yet due (another
     /// producer may take it first; then `take` waits at most for the one after).
     fn next_not_due(&self) -> bool {
-        let Some(rate) = self.rate.filter(|r| *r > 0.0) else {
-            return false;
-        };
-        let i = self.next.load(Ordering::Relaxed);
-        self.started + Duration::from_secs_f64(i as f64 / rate) > Instant::now()
+        self.due(self.next.load(Ordering::Relaxed))
+            .is_some_and(|due| due > Instant::now())
     }
 
     /// The first of the next `n` message numbers and how many of them to send, or
@@ -138,8 +141,7 @@ impl Shared {
             return None;
         }
         let i = self.next.fetch_add(n, Ordering::Relaxed);
-        if let Some(rate) = self.rate.filter(|r| *r > 0.0) {
-            let due = self.started + Duration::from_secs_f64(i as f64 / rate);
+        if let Some(due) = self.due(i) {
             if due >= self.deadline {
                 return None;
             }
