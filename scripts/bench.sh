@@ -30,7 +30,10 @@
 #        message, a loopback TCP echo round trip (and its server's CPU per round
 #        trip) and the embedded catch-up rate, all measured in the same run; and the
 #        node's CPU per message at 1k, 3k, 10k, 30k and 100k msg/s offered
-#        (bench-results/s10-cpu-vs-rate.svg);
+#        (bench-results/s10-cpu-vs-rate.svg). The node runs with shard ports
+#        (`--shard-listen`) and the client follows its route (`--follow-route`), as a
+#        RocketMQ client does: each send goes to its queue's shard; single sends on
+#        the node's own port (half handed between shards) are measured beside them;
 #   11   latency against load (issue 23): scenario 4's open loop (async 1 KiB puts,
 #        tailing consumers) at 10, 25, 50, 75 and 90% of the closed-loop rate of the
 #        same workload (s11-capacity, run first), one run per point:
@@ -364,7 +367,7 @@ remote_run() {
 # CPU against load (issue 22): the node's CPU per message at these offered rates, one
 # curve (s10-cpu-vs-rate.{json,svg}); it should fall, never rise, as the rate grows.
 s10_rates=(1000 3000 10000 30000 100000)
-s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
+s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
 if want 10; then
     run s10-embedded "embedded async puts, 1 KiB, 8 queues" \
         --duration "$secs" --body 1024 --queues 8
@@ -381,7 +384,7 @@ if want 10; then
         metrics_port=$((port + 2))
         "$bin" serve --data-dir "$1" --listen "127.0.0.1:$port" \
             --namesrv-listen "127.0.0.1:$((port + 1))" --metrics-listen "127.0.0.1:$metrics_port" \
-            --ha-listen "127.0.0.1:$((port + 3))" 2>"$2" &
+            --ha-listen "127.0.0.1:$((port + 3))" --shard-listen "127.0.0.1:$((port + 10))" 2>"$2" &
         node_pid=$!
         for _ in $(seq 100); do
             (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
@@ -399,17 +402,19 @@ if want 10; then
         '{label: "node: idle", ok: true, node_cpu_seconds: $c, seconds: $s, core_share: ($c / $s)}' \
         >"$detail/s10-idle.json"
     # A light load (issue 22): 1,000 sends a second offered, one producer.
-    remote_run s10-rate1k "node: 1,000 msg/s offered, 1 KiB" "127.0.0.1:$port" \
+    remote_run s10-rate1k "node: 1,000 msg/s offered, 1 KiB" "127.0.0.1:$port" --follow-route \
         --duration "$secs" --body 1024 --queues 8 --producers 1 --outstanding 8 --rate 1000
     remote_run s10-single "node: single sends, 1 KiB, 4 x 64 outstanding" "127.0.0.1:$port" \
-        --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
+        --follow-route --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
+    remote_run s10-single-routed "node's own port: single sends, 1 KiB, 4 x 64 outstanding" \
+        "127.0.0.1:$port" --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
     remote_run s10-batch "node: batched sends, 32 x 1 KiB, 4 x 8 outstanding" "127.0.0.1:$port" \
-        --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 8 --batch 32
-    remote_run s10-one "node: one send in flight, 1 KiB" "127.0.0.1:$port" \
+        --follow-route --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 8 --batch 32
+    remote_run s10-one "node: one send in flight, 1 KiB" "127.0.0.1:$port" --follow-route \
         --duration "$secs" --body 1024 --queues 8 --producers 1 --outstanding 1
     for r in "${s10_rates[@]}"; do
         remote_run "s10-rate-$r" "node: $r msg/s offered, 1 KiB, 4 x 64 outstanding" "127.0.0.1:$port" \
-            --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64 --rate "$r"
+            --follow-route --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64 --rate "$r"
     done
     stop_node
     rm -rf "${work:?}/s10-node"
@@ -721,7 +726,8 @@ s9_ratio() {
 }
 s10_result() {
     echo "single: $(fmt "$(j s10-single .messages_per_sec)") msg/s, node $(fmt "$(j s10-single .node_cpu_us_per_message)" 2) µs CPU/msg" \
-        "(client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); batched: $(fmt "$(j s10-batch .messages_per_sec)") msg/s," \
+        "(client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); on the node's own port (routed):" \
+        "$(fmt "$(j s10-single-routed .messages_per_sec)") msg/s, node $(fmt "$(j s10-single-routed .node_cpu_us_per_message)" 2) µs CPU/msg; batched: $(fmt "$(j s10-batch .messages_per_sec)") msg/s," \
         "node $(fmt "$(j s10-batch .node_cpu_us_per_message)" 2) µs CPU/msg; one in flight: p50 $(fmt "$(j s10-one .send_latency_us.p50)") µs," \
         "p99 $(fmt "$(j s10-one .send_latency_us.p99)") µs, node $(fmt "$(j s10-one .node_cpu_us_per_message)" 1) µs CPU/msg;" \
         "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s;" \

@@ -98,6 +98,10 @@ struct ServeArgs {
     /// Prometheus metrics address [default: 127.0.0.1:9100].
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Shard ports: shard i also listens on this port + i as a broker of its own, and
+    /// routes name those shard brokers [default: off].
+    #[arg(long)]
+    shard_listen: Option<std::net::SocketAddr>,
     /// Replication role: async_master (or master), sync_master, slave [default: async_master].
     #[arg(long)]
     role: Option<String>,
@@ -299,6 +303,9 @@ fn serve_config(args: &ServeArgs) -> coremq::Result<coremq::node::NodeConfig> {
     }
     if let Some(a) = args.metrics_listen {
         cfg.metrics_listen = a;
+    }
+    if let Some(a) = args.shard_listen {
+        cfg.shard_listen = Some(a);
     }
     if let Some(r) = &args.role {
         cfg.role = r.clone();

@@ -63,6 +63,11 @@ pub struct NodeConfig {
     /// both measured: with a client on the same machine the handed-back answer can
     /// come sooner).
     pub owner_answers_routed_sends: bool,
+    /// With `network = "shards"`: shard `i` also listens on this address's port + `i`
+    /// (port 0: a free port each) as a broker of its own, `<broker_name>-<i>`, holding
+    /// the queues it owns; routes then name these shard brokers, so clients send each
+    /// message straight to its queue's shard (`node::shard_view`). Absent: off.
+    pub shard_listen: Option<SocketAddr>,
     /// Pin shard `i` to CPU `i`.
     pub pin: bool,
     /// "async" (RocketMQ's ASYNC_FLUSH, the default) or "sync".
@@ -200,6 +205,7 @@ impl Default for NodeConfig {
             reply_spin_us: None,
             timer_spin_us: None,
             owner_answers_routed_sends: true,
+            shard_listen: None,
             pin: true,
             flush: "async".into(),
             default_queue_nums: 4,
@@ -281,6 +287,9 @@ impl NodeConfig {
             if us.is_some_and(|us| us > 1_000_000) {
                 return bad(format!("{name} must be at most 1000000 (a second)"));
             }
+        }
+        if self.shard_listen.is_some() && self.network != Network::Shards {
+            return bad("shard_listen needs network = \"shards\"".into());
         }
         if self.max_frame_bytes < 1024 {
             return bad("max_frame_bytes must be at least 1024".into());

@@ -48,6 +48,7 @@ use super::remoting::headers::{
 use super::remoting::scan::HeaderView;
 use super::remoting::{self, FrameError, HEADER_WORD, LENGTH_PREFIX, RemotingCommand};
 use super::shard_net::LocalStop;
+use super::shard_view::ShardView;
 use super::shared_out::SharedOut;
 use bytes::{Bytes, BytesMut};
 use futures_lite::AsyncWrite;
@@ -245,14 +246,21 @@ async fn serve_request(sh: Rc<Shared>, req: Request) {
             let outcome = Box::pin(async {
                 let mut scratch = processor::PooledString::take();
                 let header = PullHeader::resolve(&spans, at.header(), scratch.get());
-                processor::process_pull(st, at.code, at.oneway, at.to, &header).await
+                processor::process_pull(st, at.code, at.oneway, at.to, &header, sh.there.view).await
             })
             .await;
             (outcome, at.to)
         }
         Request::General(cmd) => {
             let to = ReplyTo::of(&cmd);
-            let outcome = Box::pin(processor::process(st, cmd, sh.conn, sh.peer)).await;
+            let outcome = Box::pin(processor::process_in_view(
+                st,
+                cmd,
+                sh.conn,
+                sh.peer,
+                sh.there.view,
+            ))
+            .await;
             (outcome, to)
         }
     };
@@ -318,7 +326,13 @@ impl ReadBuf {
 }
 
 /// Serves one accepted connection until it closes or the shard stops.
-pub(super) async fn serve(st: &Arc<NodeState>, conn: u64, stream: TcpStream, stop: &LocalStop) {
+pub(super) async fn serve(
+    st: &Arc<NodeState>,
+    conn: u64,
+    stream: TcpStream,
+    view: Option<ShardView>,
+    stop: &LocalStop,
+) {
     let peer = stream
         .peer_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -341,6 +355,7 @@ pub(super) async fn serve(st: &Arc<NodeState>, conn: u64, stream: TcpStream, sto
             st: st.clone(),
             peer,
             owner_answers: st.cfg.owner_answers_routed_sends,
+            view,
         },
         reader: Cell::new(None),
         in_flight: Cell::new(0),

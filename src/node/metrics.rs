@@ -35,6 +35,8 @@ pub struct Metrics {
     /// Requests whose handler panicked (answered `SYSTEM_ERROR`, or, inside the store,
     /// failing the node).
     pub request_panics: AtomicU64,
+    /// Sends put by a shard other than their connection's (a hop between shards).
+    pub routed_sends: AtomicU64,
 }
 
 impl Metrics {
@@ -58,6 +60,7 @@ impl Metrics {
             connections_refused: AtomicU64::new(0),
             bad_frames: AtomicU64::new(0),
             request_panics: AtomicU64::new(0),
+            routed_sends: AtomicU64::new(0),
         }
     }
 
@@ -218,6 +221,13 @@ impl Metrics {
             "counter",
             "Requests whose handler panicked (answered SYSTEM_ERROR; inside the store: the node failed).",
             load(&self.request_panics),
+        );
+        one(
+            &mut out,
+            "coremq_routed_sends_total",
+            "counter",
+            "Sends put by a shard other than their connection's (a hop between shards; none on shard ports).",
+            load(&self.routed_sends),
         );
         one(
             &mut out,

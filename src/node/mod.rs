@@ -80,6 +80,7 @@ mod processor;
 mod register;
 pub mod remoting;
 mod shard_net;
+pub mod shard_view;
 mod shared_out;
 mod slave_sync;
 mod state;
@@ -104,6 +105,9 @@ pub(crate) struct NodeState {
     pub cfg: NodeConfig,
     pub handle: Handle,
     pub broker_addr: SocketAddrV4,
+    /// With `shard_listen`: each shard's broker address (advertised host, bound port),
+    /// named in routes as broker `<broker_name>-<shard>` (`shard_view.rs`); else empty.
+    pub shard_addrs: Vec<SocketAddrV4>,
     /// The HA address slaves use (advertised host, bound HA port), when listening.
     pub ha_addr: Option<SocketAddrV4>,
     /// RocketMQ's broker id: 0 for a master, 1 for a slave.
@@ -193,6 +197,8 @@ pub struct Node {
     pub metrics_addr: Option<SocketAddr>,
     /// The HA port bound (useful with port 0), when listening.
     pub ha_addr: Option<SocketAddr>,
+    /// With `shard_listen`: each shard's own broker port, bound (useful with port 0).
+    pub shard_addrs: Vec<SocketAddr>,
 }
 
 /// `n` listening sockets sharing `addr` (`SO_REUSEPORT`).
@@ -226,6 +232,30 @@ impl Node {
         } else {
             None
         };
+        // Shard ports: one socket each, shard i's on the base port + i (or each a
+        // free port with port 0).
+        let shards_listening = match cfg.shard_listen {
+            Some(base) => (0..store_cfg.shards.max(1))
+                .map(|i| {
+                    let port = match base.port() {
+                        0 => 0,
+                        p => p.checked_add(i as u16).ok_or_else(|| {
+                            Error::Config(format!(
+                                "shard_listen {base}: port {p} + {i} is past 65535"
+                            ))
+                        })?,
+                    };
+                    let mut addr = base;
+                    addr.set_port(port);
+                    bind(addr, 1, "shard").map(|mut l| l.remove(0))
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        let shard_bound: Vec<SocketAddr> = shards_listening
+            .iter()
+            .map(|l| l.local_addr().map_err(|e| Error::Config(e.to_string())))
+            .collect::<Result<_>>()?;
         let metrics = if cfg.metrics_enable {
             Some(bind(cfg.metrics_listen, 1, "metrics")?.remove(0))
         } else {
@@ -253,12 +283,25 @@ impl Node {
         let groups = groups::SubscriptionGroups::load(&config_dir)?;
         let store = ShardedStore::open(store_cfg)?;
         let handle = store.handle();
+        if !shards_listening.is_empty()
+            && shard_view::ShardView::new(0, handle.shards(), handle.ownership()).is_none()
+        {
+            return Err(Error::Config(format!(
+                "shard_listen: the store in {} spreads queues by the old rule (store.meta \
+                 format 1), which shard ports cannot number; leave shard_listen off for it",
+                cfg.data_dir.display()
+            )));
+        }
         let ha_bound = store.ha().and_then(|h| h.listen_addr);
         let is_slave = cfg.ha_role() == Some(crate::config::HaRole::Slave);
         let state = Arc::new(NodeState {
             metrics: Metrics::new(handle.shards()),
             handle,
             broker_addr: advertised,
+            shard_addrs: shard_bound
+                .iter()
+                .map(|a| SocketAddrV4::new(*advertised.ip(), a.port()))
+                .collect(),
             ha_addr: ha_bound.map(|a| SocketAddrV4::new(*advertised.ip(), a.port())),
             broker_id: if is_slave { 1 } else { 0 },
             topics,
@@ -294,11 +337,16 @@ impl Node {
             namesrv_addr: None,
             metrics_addr: None,
             ha_addr: ha_bound,
+            shard_addrs: shard_bound,
         };
         node.namesrv_addr = namesrv.as_ref().and_then(|l| l[0].local_addr().ok());
         let groups: Vec<Vec<TcpListener>> = std::iter::once(broker).chain(namesrv).collect();
         if state.cfg.network == Network::Shards {
-            node.shard_net = Some(shard_net::ShardNet::start(&state, groups)?);
+            node.shard_net = Some(shard_net::ShardNet::start(
+                &state,
+                groups,
+                shards_listening,
+            )?);
         } else {
             for l in groups.into_iter().flatten() {
                 node.wake.extend(l.try_clone().ok());

@@ -4,11 +4,16 @@
 //! and every `register_interval_ms` (RocketMQ: 30 s), naming its topics, so clients
 //! asking those name servers find this node.
 //!
+//! With shard ports (`shard_listen`) each shard registers as the broker
+//! `<broker_name>-<shard>` at its own port, naming its own queue counts
+//! (`node::shard_view`), as the node's route does.
+//!
 //! The body is RocketMQ's `RegisterBrokerBody` as JSON (uncompressed); the header
 //! carries `bodyCrc32` (CRC-32 of the body, as RocketMQ's `UtilAll.crc32`: the low 31
 //! bits), which name servers check.
 
 use super::NodeState;
+use super::shard_view::ShardView;
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::REGISTER_BROKER;
 use serde_json::{Value, json};
@@ -18,17 +23,24 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// The `RegisterBrokerBody` JSON for this node's topics.
-pub(crate) fn register_body(st: &NodeState, version: u64) -> Vec<u8> {
+/// The `RegisterBrokerBody` JSON for this node's topics (as `view`'s shard broker).
+pub(crate) fn register_body(st: &NodeState, version: u64, view: Option<ShardView>) -> Vec<u8> {
     let table: serde_json::Map<String, Value> = st
         .topics
         .snapshot()
         .into_iter()
         .map(|(name, c)| {
+            let (read, write) = match view {
+                Some(v) => (
+                    v.count(&name, c.read_queue_nums),
+                    v.count(&name, c.write_queue_nums),
+                ),
+                None => (c.read_queue_nums, c.write_queue_nums),
+            };
             let v = json!({
                 "topicName": name,
-                "readQueueNums": c.read_queue_nums,
-                "writeQueueNums": c.write_queue_nums,
+                "readQueueNums": read,
+                "writeQueueNums": write,
                 "perm": c.perm,
                 "topicFilterType": "SINGLE_TAG",
                 "topicSysFlag": 0,
@@ -96,37 +108,59 @@ fn register_on(
         *conn = Some(s);
     }
     let s = conn.as_mut().expect("connected above");
-    let body = register_body(st, version);
     // RocketMQ's default when no HA port is bound: the broker port plus one.
     let ha = st.ha_addr.unwrap_or_else(|| {
         std::net::SocketAddrV4::new(*st.broker_addr.ip(), st.broker_addr.port() + 1)
     });
-    let f = |k: &str, v: String| (k.to_string(), v);
-    let req = RemotingCommand::request(
-        REGISTER_BROKER,
-        version as i32,
-        vec![
-            f("brokerAddr", st.broker_addr.to_string()),
-            f("brokerId", st.broker_id.to_string()),
-            f("brokerName", st.cfg.broker_name.clone()),
-            f("clusterName", st.cfg.cluster_name.clone()),
-            f("haServerAddr", ha.to_string()),
-            f("compressed", "false".into()),
-            f("bodyCrc32", crc31(&body).to_string()),
-        ],
-    )
-    .with_body(body);
-    s.write_all(&req.encode())
-        .map_err(|e| format!("write {namesrv}: {e}"))?;
-    let mut prefix = [0u8; 4];
-    s.read_exact(&mut prefix)
-        .map_err(|e| format!("read {namesrv}: {e}"))?;
-    let len = crate::node::remoting::check_length(prefix, 16 << 20).map_err(|e| e.to_string())?;
-    let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload)
-        .map_err(|e| format!("read {namesrv}: {e}"))?;
-    let resp = crate::node::remoting::decode_payload(payload.into()).map_err(|e| e.to_string())?;
-    Ok(resp.code)
+    let shards = st.handle.shards();
+    let brokers: Vec<(String, std::net::SocketAddrV4, Option<ShardView>)> =
+        if st.shard_addrs.is_empty() {
+            vec![(st.cfg.broker_name.clone(), st.broker_addr, None)]
+        } else {
+            st.shard_addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    let view = ShardView::new(i, shards, st.handle.ownership());
+                    (ShardView::broker_name(&st.cfg.broker_name, i), *a, view)
+                })
+                .collect()
+        };
+    let mut code = 0;
+    for (name, addr, view) in brokers {
+        let body = register_body(st, version, view);
+        let f = |k: &str, v: String| (k.to_string(), v);
+        let req = RemotingCommand::request(
+            REGISTER_BROKER,
+            version as i32,
+            vec![
+                f("brokerAddr", addr.to_string()),
+                f("brokerId", st.broker_id.to_string()),
+                f("brokerName", name),
+                f("clusterName", st.cfg.cluster_name.clone()),
+                f("haServerAddr", ha.to_string()),
+                f("compressed", "false".into()),
+                f("bodyCrc32", crc31(&body).to_string()),
+            ],
+        )
+        .with_body(body);
+        s.write_all(&req.encode())
+            .map_err(|e| format!("write {namesrv}: {e}"))?;
+        let mut prefix = [0u8; 4];
+        s.read_exact(&mut prefix)
+            .map_err(|e| format!("read {namesrv}: {e}"))?;
+        let len =
+            crate::node::remoting::check_length(prefix, 16 << 20).map_err(|e| e.to_string())?;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload)
+            .map_err(|e| format!("read {namesrv}: {e}"))?;
+        let resp =
+            crate::node::remoting::decode_payload(payload.into()).map_err(|e| e.to_string())?;
+        if resp.code != 0 {
+            code = resp.code;
+        }
+    }
+    Ok(code)
 }
 
 /// Registers with every configured name server now and then periodically, until

@@ -18,6 +18,7 @@
 
 use super::NodeState;
 use super::processor;
+use super::shard_view::ShardView;
 use crate::shard::ShardContext;
 use glommio::net::TcpListener;
 use std::cell::{Cell, RefCell};
@@ -43,9 +44,20 @@ impl ShardNet {
     pub(crate) fn start(
         st: &Arc<NodeState>,
         groups: Vec<Vec<std::net::TcpListener>>,
+        shard_ports: Vec<std::net::TcpListener>,
     ) -> crate::Result<ShardNet> {
         let shards = st.handle.shards();
-        let mut per_shard: Vec<Vec<RawFd>> = vec![Vec::new(); shards];
+        // Per shard: (listening socket, the shard's own port?).
+        let mut per_shard: Vec<Vec<(RawFd, bool)>> = vec![Vec::new(); shards];
+        if !shard_ports.is_empty() && shard_ports.len() != shards {
+            return Err(crate::Error::Config(format!(
+                "{} shard ports for {shards} shards",
+                shard_ports.len()
+            )));
+        }
+        for (i, l) in shard_ports.into_iter().enumerate() {
+            per_shard[i].push((l.into_raw_fd(), true));
+        }
         for group in groups {
             if group.len() != shards {
                 return Err(crate::Error::Config(format!(
@@ -54,7 +66,7 @@ impl ShardNet {
                 )));
             }
             for (i, l) in group.into_iter().enumerate() {
-                per_shard[i].push(l.into_raw_fd());
+                per_shard[i].push((l.into_raw_fd(), false));
             }
         }
         let mut net = ShardNet {
@@ -142,19 +154,26 @@ const ACCEPT_ID_BASE: u64 = u64::MAX - 64;
 async fn serve_shard(
     ctx: ShardContext,
     st: Arc<NodeState>,
-    fds: Vec<RawFd>,
+    fds: Vec<(RawFd, bool)>,
     stop_rx: flume::Receiver<()>,
 ) {
+    let shard = ctx.shard;
     processor::set_local_shard(Some(ctx));
     let stop = Rc::new(LocalStop::default());
     let open = Rc::new(Cell::new(0usize));
-    for (k, fd) in fds.into_iter().enumerate() {
+    for (k, (fd, own_port)) in fds.into_iter().enumerate() {
         // SAFETY: `fd` is a listening socket handed to this shard alone.
         let listener = unsafe { TcpListener::from_raw_fd(fd) };
         let (st, stop, open) = (st.clone(), stop.clone(), open.clone());
+        let view = if own_port {
+            ShardView::new(shard, st.handle.shards(), st.handle.ownership())
+        } else {
+            None
+        };
         glommio::spawn_local(accept_loop(
             st,
             listener,
+            view,
             stop,
             open,
             ACCEPT_ID_BASE + k as u64,
@@ -173,6 +192,7 @@ async fn serve_shard(
 async fn accept_loop(
     st: Arc<NodeState>,
     listener: TcpListener,
+    view: Option<ShardView>,
     stop: Rc<LocalStop>,
     open: Rc<Cell<usize>>,
     id: u64,
@@ -199,7 +219,7 @@ async fn accept_loop(
         open.set(open.get() + 1);
         let (st, stop, open) = (st.clone(), stop.clone(), open.clone());
         glommio::spawn_local(async move {
-            super::conn::serve(&st, conn, stream, &stop).await;
+            super::conn::serve(&st, conn, stream, view, &stop).await;
             stop.forget(conn);
             let left = st.clients.connection_closed(conn);
             super::broker2client::consumer_ids_changed(&st, &left, "a connection closed");

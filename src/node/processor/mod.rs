@@ -75,6 +75,7 @@ use send_message::Sent;
 pub(crate) use send_message::There;
 
 use super::NodeState;
+use super::shard_view::ShardView;
 use super::state::{PERM_READ, PERM_WRITE, TopicConf};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
@@ -105,8 +106,53 @@ pub(crate) async fn process(
     conn: u64,
     peer: SocketAddr,
 ) -> Outcome {
+    process_in_view(st, req, conn, peer, None).await
+}
+
+/// As [`process`], for a request that came to a shard's own port: its queue ids are
+/// that shard's (`node::shard_view`).
+pub(crate) async fn process_in_view(
+    st: &NodeState,
+    mut req: RemotingCommand,
+    conn: u64,
+    peer: SocketAddr,
+    view: Option<ShardView>,
+) -> Outcome {
+    if let Some(v) = view {
+        queue_id_to_global(&mut req, v);
+    }
     let (code, oneway, to) = (req.code, req.is_oneway(), ReplyTo::of(&req));
-    guarded(st, code, oneway, to, dispatch(st, req, conn, peer)).await
+    guarded(st, code, oneway, to, dispatch(st, req, conn, peer, view)).await
+}
+
+/// Rewrites the `queueId` field of a request naming one queue of a topic (offsets,
+/// consumer offsets) from a shard's own id to the node's. Sends and pulls are
+/// translated where they are read (also on the in-place path), queue locks are kept
+/// under the shard broker's name and ids as the client gives them, and a field that
+/// is missing or not a number is left for the handler to refuse.
+fn queue_id_to_global(req: &mut RemotingCommand, v: ShardView) {
+    if !matches!(
+        req.code,
+        QUERY_CONSUMER_OFFSET
+            | UPDATE_CONSUMER_OFFSET
+            | GET_MAX_OFFSET
+            | GET_MIN_OFFSET
+            | SEARCH_OFFSET_BY_TIMESTAMP
+            | GET_EARLIEST_MSG_STORETIME
+    ) {
+        return;
+    }
+    let Some(topic) = req.field("topic").map(str::to_owned) else {
+        return;
+    };
+    for (name, value) in &mut req.ext_fields {
+        if name == "queueId"
+            && let Ok(local) = value.trim().parse::<i32>()
+            && let Some(global) = v.global(&topic, local)
+        {
+            *value = global.to_string();
+        }
+    }
 }
 
 /// Serves a send (10, 310, 320) whose header was read in place (the socket front
@@ -132,7 +178,7 @@ pub(crate) async fn process_send(
             "request"
         );
         let there = Some((conn, to, oneway));
-        let r = send_message::send(st, code, header, body, conn.peer, there).await;
+        let r = send_message::send(st, code, header, body, conn.peer, there, conn.view).await;
         answer_send(oneway, to, r)
     })
     .await
@@ -145,11 +191,12 @@ pub(crate) async fn process_pull(
     oneway: bool,
     to: ReplyTo,
     header: &PullHeader<'_>,
+    view: Option<ShardView>,
 ) -> Outcome {
     guarded(st, code, oneway, to, async {
         st.metrics.requests.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(code, opaque = to.opaque, ?header, "request");
-        let outcome = pull_message::pull(st, code, to, header).await;
+        let outcome = pull_message::pull(st, code, to, header, view).await;
         if oneway { Outcome::NoReply } else { outcome }
     })
     .await
@@ -267,7 +314,13 @@ fn caught(st: &NodeState, code: i32, what: &str, panic: Box<dyn Any + Send>) -> 
 }
 
 /// Dispatches one request by its code.
-async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketAddr) -> Outcome {
+async fn dispatch(
+    st: &NodeState,
+    req: RemotingCommand,
+    conn: u64,
+    peer: SocketAddr,
+    view: Option<ShardView>,
+) -> Outcome {
     st.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let oneway = req.is_oneway();
     tracing::trace!(code = req.code, opaque = req.opaque, fields = ?req.ext_fields, body = req.body.len(), "request");
@@ -275,7 +328,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
     let r = match req.code {
         SEND_MESSAGE | SEND_MESSAGE_V2 | SEND_BATCH_MESSAGE => {
             let h = SendHeader::from_command(&req);
-            let r = send_message::send(st, req.code, &h, &req.body, peer, None).await;
+            let r = send_message::send(st, req.code, &h, &req.body, peer, None, view).await;
             return answer_send(oneway, to, r);
         }
         CONSUMER_SEND_MSG_BACK => send_message::send_back(st, &req).await,
@@ -284,7 +337,7 @@ async fn dispatch(st: &NodeState, req: RemotingCommand, conn: u64, peer: SocketA
             // A one-way pull is served (a commit offset it carries is stored) but never
             // answered, held or not.
             let outcome =
-                pull_message::pull(st, req.code, to, &PullHeader::from_command(&req)).await;
+                pull_message::pull(st, req.code, to, &PullHeader::from_command(&req), view).await;
             return if oneway { Outcome::NoReply } else { outcome };
         }
         QUERY_MESSAGE => query_message::query_message(st, &req).await,

@@ -2,6 +2,10 @@
 //! `GET_ROUTEINFO_BY_TOPIC` (105) and `GET_BROKER_CLUSTER_INFO` (106), served on both
 //! ports, naming this node as the only broker (id 0, read/write) of its cluster.
 //!
+//! With shard ports (`shard_listen`, `node::shard_view`) the node names each shard as
+//! a broker of its own, `<broker_name>-<shard>` at its port, holding the queues that
+//! shard owns (a shard owning none of a topic's queues is left out of its route).
+//!
 //! Route data carries `enableActingMaster` (RocketMQ 5 names it, and
 //! rocketmq-client-rust refuses route data without it). A route lookup never creates
 //! a topic: with `auto_create_topic` on, an unknown valid topic is answered with the
@@ -10,13 +14,44 @@
 use super::{NodeState, Reject, clip, field, ok, reject, topic_conf};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::shard_view::ShardView;
 use serde_json::{Value, json};
 
-fn broker_addrs(st: &NodeState) -> Value {
+fn broker_addrs(st: &NodeState, addr: std::net::SocketAddrV4) -> Value {
     // A slave names itself broker id 1 (RocketMQ's convention for the first slave).
     let mut m = serde_json::Map::new();
-    m.insert(st.broker_id.to_string(), json!(st.broker_addr.to_string()));
+    m.insert(st.broker_id.to_string(), json!(addr.to_string()));
     Value::Object(m)
+}
+
+/// The brokers this node answers as: itself, or with shard ports each shard (its
+/// name, address and view).
+fn brokers(st: &NodeState) -> Vec<(String, std::net::SocketAddrV4, Option<ShardView>)> {
+    if st.shard_addrs.is_empty() {
+        return vec![(st.cfg.broker_name.clone(), st.broker_addr, None)];
+    }
+    let shards = st.handle.shards();
+    st.shard_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            (
+                ShardView::broker_name(&st.cfg.broker_name, i),
+                *a,
+                ShardView::new(i, shards, st.handle.ownership()),
+            )
+        })
+        .collect()
+}
+
+fn broker_data(st: &NodeState, name: &str, addr: std::net::SocketAddrV4) -> Value {
+    json!({
+        "cluster": st.cfg.cluster_name,
+        "brokerName": name,
+        "brokerAddrs": broker_addrs(st, addr),
+        // RocketMQ 5 names it; some clients require it.
+        "enableActingMaster": false,
+    })
 }
 
 pub(super) fn route(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCommand, Reject> {
@@ -30,38 +65,47 @@ pub(super) fn route(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCom
             ),
         )
     })?;
-    let body = json!({
-        "orderTopicConf": null,
-        "queueDatas": [{
-            "brokerName": st.cfg.broker_name,
-            "readQueueNums": c.read_queue_nums,
-            "writeQueueNums": c.write_queue_nums,
+    let (mut queues, mut datas) = (Vec::new(), Vec::new());
+    for (name, addr, view) in brokers(st) {
+        let (read, write) = match view {
+            Some(v) => (
+                v.count(topic, c.read_queue_nums),
+                v.count(topic, c.write_queue_nums),
+            ),
+            None => (c.read_queue_nums, c.write_queue_nums),
+        };
+        if view.is_some() && read == 0 && write == 0 {
+            continue;
+        }
+        queues.push(json!({
+            "brokerName": name,
+            "readQueueNums": read,
+            "writeQueueNums": write,
             "perm": c.perm,
             "topicSynFlag": 0,
             "topicSysFlag": 0,
-        }],
-        "brokerDatas": [{
-            "cluster": st.cfg.cluster_name,
-            "brokerName": st.cfg.broker_name,
-            "brokerAddrs": broker_addrs(st),
-            // RocketMQ 5 names it; some clients require it.
-            "enableActingMaster": false,
-        }],
+        }));
+        datas.push(broker_data(st, &name, addr));
+    }
+    let body = json!({
+        "orderTopicConf": null,
+        "queueDatas": queues,
+        "brokerDatas": datas,
         "filterServerTable": {},
     });
     Ok(ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default()))
 }
 
 pub(super) fn cluster_info(st: &NodeState, req: &RemotingCommand) -> RemotingCommand {
-    let name = &st.cfg.broker_name;
+    let mut table = serde_json::Map::new();
+    let mut names = Vec::new();
+    for (name, addr, _) in brokers(st) {
+        table.insert(name.clone(), broker_data(st, &name, addr));
+        names.push(name);
+    }
     let body = json!({
-        "brokerAddrTable": { name.clone(): {
-            "cluster": st.cfg.cluster_name,
-            "brokerName": name,
-            "brokerAddrs": broker_addrs(st),
-            "enableActingMaster": false,
-        }},
-        "clusterAddrTable": { st.cfg.cluster_name.clone(): [name] },
+        "brokerAddrTable": table,
+        "clusterAddrTable": { st.cfg.cluster_name.clone(): names },
     });
     ok(req).with_body(serde_json::to_vec(&body).unwrap_or_default())
 }

@@ -24,6 +24,7 @@ use crate::format::properties;
 use crate::message::GetStatus;
 use crate::node::remoting::codes::*;
 use crate::node::remoting::headers::{PullField, PullHeader};
+use crate::node::shard_view::ShardView;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -96,9 +97,24 @@ fn parse_pull(h: &PullHeader<'_>) -> Result<PullArgs, Reject> {
 
 /// Serves a pull (request `code`, answered to `to`): answers it, or holds it when it
 /// found nothing and may wait.
-pub(super) async fn pull(st: &NodeState, code: i32, to: ReplyTo, h: &PullHeader<'_>) -> Outcome {
+pub(super) async fn pull(
+    st: &NodeState,
+    code: i32,
+    to: ReplyTo,
+    h: &PullHeader<'_>,
+    view: Option<ShardView>,
+) -> Outcome {
     let args = match parse_pull(h) {
-        Ok(a) => a,
+        // On a shard's own port the id is that shard's (`node::shard_view`); one past
+        // its count maps past the topic's and is refused as such.
+        Ok(mut a) => {
+            if let Some(v) = view
+                && let Some(global) = v.global(&a.topic, a.queue_id)
+            {
+                a.queue_id = global;
+            }
+            a
+        }
         Err((code, remark)) => {
             return Outcome::Reply(Reply::Command(to.command(code, Some(remark))));
         }

@@ -35,6 +35,7 @@ use crate::message::{IllegalReason, Message, PutResult, PutStatus};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
 use crate::node::remoting::headers::{SendField, SendHeader};
+use crate::node::shard_view::ShardView;
 use crate::node::state::PERM_WRITE;
 use crate::shard::shard_of_offset;
 use bytes::Bytes;
@@ -203,7 +204,11 @@ async fn put_batch(
     }
     let n = k as u64;
     let refused = || PutResult::refused(PutStatus::ServiceNotAvailable);
-    let (first, ids) = match local_owner(base.topic, base.queue_id) {
+    let local = local_owner(base.topic, base.queue_id);
+    if local.is_none() {
+        st.metrics.routed_sends.fetch_add(1, Ordering::Relaxed);
+    }
+    let (first, ids) = match local {
         Some(store) => {
             let mut r = store.put_batch(msgs).await;
             let ids = std::mem::take(&mut r.msg_ids);
@@ -227,6 +232,7 @@ pub(super) async fn send(
     body: &Bytes,
     peer: SocketAddr,
     there: Option<(&There, ReplyTo, bool)>,
+    view: Option<ShardView>,
 ) -> Result<Sent, Reject> {
     let topic = need(h.get(SendField::Topic), "topic")?;
     if !valid_topic(topic) {
@@ -256,6 +262,34 @@ pub(super) async fn send(
                 conf.write_queue_nums
             ),
         ));
+    }
+    if let Some(v) = view {
+        // On a shard's own port the id is that shard's (`node::shard_view`).
+        let count = v.count(topic, conf.write_queue_nums);
+        if count <= 0 {
+            return Err(reject(
+                SYSTEM_ERROR,
+                format!(
+                    "request queueId[{queue_id}] is illegal, topic {topic} has no write queue \
+                     on broker {}",
+                    ShardView::broker_name(&st.cfg.broker_name, v.shard)
+                ),
+            ));
+        }
+        if queue_id < 0 {
+            queue_id = (st.next_queue.fetch_add(1, Ordering::Relaxed) % count as u64) as i32;
+        }
+        if queue_id >= count {
+            return Err(reject(
+                SYSTEM_ERROR,
+                format!(
+                    "request queueId[{queue_id}] is illegal, topic {topic} has {count} write \
+                     queues on broker {}",
+                    ShardView::broker_name(&st.cfg.broker_name, v.shard)
+                ),
+            ));
+        }
+        queue_id = v.global(topic, queue_id).unwrap_or(-1);
     }
     if queue_id < 0 {
         queue_id =
@@ -319,7 +353,11 @@ pub(super) async fn send(
             .await
         } else {
             let there = there.filter(|(t, _, _)| t.owner_answers);
-            match (local_owner(topic, queue_id), there) {
+            let local = local_owner(topic, queue_id);
+            if local.is_none() {
+                st.metrics.routed_sends.fetch_add(1, Ordering::Relaxed);
+            }
+            match (local, there) {
                 (Some(store), _) => store.put(&msg).await,
                 (None, Some((there, to, oneway))) => {
                     let msg = msg.into_inner();
@@ -347,7 +385,11 @@ pub(super) async fn send(
         n,
         began,
     };
-    stored.answer(st, result, ids).map(Sent::Reply)
+    let mut reply = stored.answer(st, result, ids)?;
+    if let Some(v) = view {
+        reply.queue_id = v.local(topic, reply.queue_id).unwrap_or(reply.queue_id);
+    }
+    Ok(Sent::Reply(reply))
 }
 
 /// What [`send`] did with a send.
@@ -368,6 +410,9 @@ pub(crate) struct There {
     /// Routed sends are handed to their owner to answer
     /// (`NodeConfig::owner_answers_routed_sends`).
     pub owner_answers: bool,
+    /// A connection to a shard's own port: its queue ids are that shard's
+    /// (`node::shard_view`).
+    pub view: Option<ShardView>,
 }
 
 /// A stored (or refused) put, as [`send`] answers it.

@@ -207,6 +207,11 @@ pub struct LoadConfig {
     /// the node answers in the format asked in)
     #[arg(long, value_enum, default_value_t = HeaderFormat::Json)]
     pub header_format: HeaderFormat,
+    /// With --target: send as a RocketMQ client does, to the brokers the node's route
+    /// names (with the node's `shard_listen`, each shard's own port): each producer
+    /// opens a connection per broker and splits --outstanding over them
+    #[arg(long)]
+    pub follow_route: bool,
     /// What to do: produce, work on the store a produce run kept in --data-dir, or
     /// (timer) measure timed messages on a fresh store
     #[arg(long, value_enum, default_value_t = Mode::Produce)]
@@ -451,6 +456,7 @@ impl LoadConfig {
             "keys": self.keys,
             "batch": self.batch,
             "outstanding": self.outstanding,
+            "follow_route": self.follow_route,
             "producers": self.producers,
             "consumers": self.consumers,
             "flush": self.flush.name(),

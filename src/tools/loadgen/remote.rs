@@ -16,6 +16,13 @@
 //! responses are read into one reused buffer and only their code and opaque are read,
 //! in place (`remoting::scan`); nothing is allocated per message once warm.
 //!
+//! With `--follow-route` the producers send as a RocketMQ client does: the node's
+//! route for each topic (`GET_ROUTEINFO_BY_TOPIC`, which the broker port answers too)
+//! names the brokers and their queue counts (with the node's `shard_listen`, one
+//! broker per shard at its own port); each producer opens a connection per broker,
+//! sends each broker's queues (its own ids) there, and splits `--outstanding` over
+//! them.
+//!
 //! `--target echo` runs the same producers against a loopback TCP echo server in this
 //! process (a thread per connection that writes back what it reads): the floor a
 //! node's round trip is compared with. Every echoed frame counts as acknowledged.
@@ -63,6 +70,72 @@ fn call(
     s.write_all(&req.encode())
         .map_err(|e| format!("write: {e}"))?;
     read_response(s)
+}
+
+/// A broker of the route and the (topic index, queue id) pairs it takes, round the
+/// topics, then the queues.
+struct Broker {
+    addr: String,
+    dests: Vec<(u64, i64)>,
+}
+
+/// The brokers the node's route names for the bench topics (`--follow-route`).
+fn route_brokers(admin: &mut TcpStream, topics: u32) -> Result<Vec<Broker>, String> {
+    // broker address -> per topic, its write queue count there
+    let mut counts: Vec<(String, Vec<i64>)> = Vec::new();
+    for t in 0..topics {
+        let r = call(
+            admin,
+            GET_ROUTEINFO_BY_TOPIC,
+            vec![("topic".into(), topic_name(t))],
+        )?;
+        if r.code != SUCCESS {
+            return Err(format!("no route for {}: {:?}", topic_name(t), r.remark));
+        }
+        let route: Value = serde_json::from_slice(&r.body)
+            .map_err(|e| format!("route of {}: {e}", topic_name(t)))?;
+        let datas = route["brokerDatas"].as_array().cloned().unwrap_or_default();
+        for qd in route["queueDatas"].as_array().cloned().unwrap_or_default() {
+            let name = qd["brokerName"].as_str().unwrap_or_default();
+            let addr = datas
+                .iter()
+                .find(|b| b["brokerName"].as_str() == Some(name))
+                .and_then(|b| b["brokerAddrs"]["0"].as_str())
+                .ok_or_else(|| {
+                    format!("the route of {} has no master for {name}", topic_name(t))
+                })?;
+            let n = qd["writeQueueNums"].as_i64().unwrap_or(0);
+            let at = match counts.iter().position(|(a, _)| a == addr) {
+                Some(at) => at,
+                None => {
+                    counts.push((addr.to_string(), vec![0; topics as usize]));
+                    counts.len() - 1
+                }
+            };
+            counts[at].1[t as usize] = n;
+        }
+    }
+    let brokers: Vec<Broker> = counts
+        .into_iter()
+        .map(|(addr, per_topic)| {
+            let most = per_topic.iter().copied().max().unwrap_or(0);
+            let dests = (0..most)
+                .flat_map(|q| {
+                    per_topic
+                        .iter()
+                        .enumerate()
+                        .filter(move |(_, n)| q < **n)
+                        .map(move |(t, _)| (t as u64, q))
+                })
+                .collect();
+            Broker { addr, dests }
+        })
+        .filter(|b: &Broker| !b.dests.is_empty())
+        .collect();
+    if brokers.is_empty() {
+        return Err("the route names no broker with a write queue".into());
+    }
+    Ok(brokers)
 }
 
 fn topic_name(t: u32) -> String {
@@ -171,6 +244,11 @@ fn destination(first: u64, batch: u64, topics: u64, queues: u64) -> (u64, u64) {
 /// A producer's requests, encoded into one reused buffer.
 struct Encoder {
     topics: Vec<String>,
+    /// `--follow-route`: this connection's broker's (topic, queue) pairs, in turn;
+    /// empty: every topic and queue of `--queues` ([`destination`]).
+    dests: Vec<(u64, i64)>,
+    /// Sends encoded so far (which of `dests` is next).
+    turn: usize,
     queues: u64,
     keys: u32,
     batch: u64,
@@ -183,9 +261,14 @@ impl Encoder {
     /// Appends the request for messages `first..first + n` (one send, or one batch
     /// to the first message's queue); returns the body bytes.
     fn push(&mut self, cfg: &LoadConfig, opaque: i32, first: u64, n: u64) -> u64 {
-        let (t, queue) = destination(first, self.batch, self.topics.len() as u64, self.queues);
+        let (t, queue) = if self.dests.is_empty() {
+            let (t, q) = destination(first, self.batch, self.topics.len() as u64, self.queues);
+            (t, q as i64)
+        } else {
+            self.turn += 1;
+            self.dests[(self.turn - 1) % self.dests.len()]
+        };
         let topic = &self.topics[t as usize];
-        let queue = queue as i64;
         let batch = self.batch > 1;
         let mut body_bytes = 0u64;
         let mut wire_len = 0usize;
@@ -254,9 +337,11 @@ impl Encoder {
 /// Requests in flight: opaque -> (sent at, messages).
 type InFlight = Mutex<HashMap<i32, (Instant, u64)>>;
 
-fn encoder(cfg: &LoadConfig) -> Encoder {
+fn encoder(cfg: &LoadConfig, dests: &[(u64, i64)]) -> Encoder {
     Encoder {
         topics: (0..cfg.topics.max(1)).map(topic_name).collect(),
+        dests: dests.to_vec(),
+        turn: 0,
         queues: cfg.queues.max(1) as u64,
         keys: cfg.keys,
         batch: cfg.batch.max(1) as u64,
@@ -270,16 +355,28 @@ fn encoder(cfg: &LoadConfig) -> Encoder {
 }
 
 /// One request in flight: one thread writes a request and reads its response (no
-/// hand-off between a writer and a reader thread on the round trip).
-fn producer_one(cfg: &LoadConfig, mut s: TcpStream, sh: &Shared) -> Result<(), String> {
-    let mut enc = encoder(cfg);
-    let mut responses = Responses::new();
+/// hand-off between a writer and a reader thread on the round trip). With
+/// `--follow-route`, one connection per broker: send `k` goes to broker `k % brokers`
+/// (its own queues in turn), still one request in flight in all.
+fn producer_one(
+    cfg: &LoadConfig,
+    conns: Vec<(TcpStream, &[(u64, i64)])>,
+    sh: &Shared,
+) -> Result<(), String> {
+    let mut conns: Vec<(TcpStream, Encoder, Responses)> = conns
+        .into_iter()
+        .map(|(s, dests)| (s, encoder(cfg, dests), Responses::new()))
+        .collect();
     let sent: InFlight = Mutex::new(HashMap::with_capacity(2));
     let mut hist = Histogram::<u64>::new(3).expect("histogram");
     let mut seq: i32 = 0;
-    while let Some((first, n)) = sh.take(enc.batch) {
+    let batch = cfg.batch.max(1) as u64;
+    let n_conns = conns.len() as u64;
+    while let Some((first, n)) = sh.take(batch) {
+        let (s, enc, responses) = &mut conns[((first / batch) % n_conns) as usize];
         seq = seq.wrapping_add(1) & i32::MAX;
         enc.out.clear();
+        // Each connection's encoder takes its own queues in turn.
         let bytes = enc.push(cfg, seq, first, n);
         sent.lock()
             .expect("sent map")
@@ -290,7 +387,7 @@ fn producer_one(cfg: &LoadConfig, mut s: TcpStream, sh: &Shared) -> Result<(), S
         }
         sh.bytes.fetch_add(bytes, Ordering::Relaxed);
         loop {
-            let Some((code, opaque)) = responses.next(&mut s) else {
+            let Some((code, opaque)) = responses.next(s) else {
                 sh.failed.fetch_add(n, Ordering::Relaxed);
                 let _ = sh.hist.lock().expect("histogram").add(&hist);
                 return Ok(());
@@ -301,16 +398,27 @@ fn producer_one(cfg: &LoadConfig, mut s: TcpStream, sh: &Shared) -> Result<(), S
         }
     }
     let _ = sh.hist.lock().expect("histogram").add(&hist);
-    let _ = s.shutdown(std::net::Shutdown::Both);
+    for (s, _, _) in &conns {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
     Ok(())
 }
 
-fn producer(cfg: &LoadConfig, target: &str, sh: &Arc<Shared>) -> Result<(), String> {
+fn connect(target: &str) -> Result<TcpStream, String> {
     let s = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
     let _ = s.set_nodelay(true);
-    if cfg.outstanding == 1 {
-        return producer_one(cfg, s, sh);
-    }
+    Ok(s)
+}
+
+/// A producer with more than one request in flight on its connection to `target`
+/// (`dests`: that broker's queues with `--follow-route`).
+fn producer(
+    cfg: &LoadConfig,
+    target: &str,
+    sh: &Arc<Shared>,
+    dests: &[(u64, i64)],
+) -> Result<(), String> {
+    let s = connect(target)?;
     let reader = s.try_clone().map_err(|e| e.to_string())?;
     let outstanding = cfg.outstanding as usize;
     let (tokens_tx, tokens_rx) = flume::bounded::<()>(outstanding);
@@ -323,7 +431,7 @@ fn producer(cfg: &LoadConfig, target: &str, sh: &Arc<Shared>) -> Result<(), Stri
         let _ = sh2.hist.lock().expect("histogram").add(&local);
     });
     let mut w = s;
-    let mut enc = encoder(cfg);
+    let mut enc = encoder(cfg, dests);
     let mut seq: i32 = 0;
     let mut done = false;
     while !done {
@@ -635,6 +743,17 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
             return Err(format!("cannot create {}: {:?}", topic_name(t), r.remark));
         }
     }
+    let brokers = if cfg.follow_route && !echo {
+        route_brokers(&mut admin, cfg.topics.max(1))?
+    } else {
+        vec![Broker {
+            addr: target.to_string(),
+            dests: Vec::new(),
+        }]
+    };
+    // Each producer's in-flight window, split over its connections.
+    let mut per_conn = cfg.clone();
+    per_conn.outstanding = (cfg.outstanding / brokers.len() as u32).max(1);
     let started = Instant::now();
     let cpu_before = crate::stats::process::process_cpu_seconds();
     let sh = Arc::new(Shared {
@@ -654,12 +773,33 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         started,
         rate: cfg.rate,
     });
-    let producers: Vec<_> = (0..cfg.producers.max(1))
-        .map(|_| {
-            let (cfg, target, sh) = (cfg.clone(), target.to_string(), sh.clone());
-            std::thread::spawn(move || producer(&cfg, &target, &sh))
-        })
-        .collect();
+    let brokers = Arc::new(brokers);
+    let producers: Vec<_> = if cfg.outstanding == 1 {
+        // One thread per producer, one request in flight over all its connections.
+        (0..cfg.producers.max(1))
+            .map(|_| {
+                let (cfg, brokers, sh) = (cfg.clone(), brokers.clone(), sh.clone());
+                std::thread::spawn(move || {
+                    let conns = brokers
+                        .iter()
+                        .map(|b| Ok((connect(&b.addr)?, b.dests.as_slice())))
+                        .collect::<Result<Vec<_>, String>>()?;
+                    producer_one(&cfg, conns, &sh)
+                })
+            })
+            .collect()
+    } else {
+        (0..cfg.producers.max(1))
+            .flat_map(|_| 0..brokers.len())
+            .map(|b| {
+                let (cfg, brokers, sh) = (per_conn.clone(), brokers.clone(), sh.clone());
+                std::thread::spawn(move || {
+                    let b = &brokers[b];
+                    producer(&cfg, &b.addr, &sh, &b.dests)
+                })
+            })
+            .collect()
+    };
     let mut errors = Vec::new();
     for p in producers {
         match p.join() {
@@ -701,6 +841,8 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         "batch": cfg.batch,
         "outstanding": cfg.outstanding,
         "producers": cfg.producers,
+        // The brokers sent to (`--follow-route`: the route's; else the target).
+        "brokers": brokers.iter().map(|b| b.addr.clone()).collect::<Vec<_>>(),
         "header_format": format!("{:?}", cfg.header_format).to_lowercase(),
         "read_back": read,
         "read_back_seconds": read.map(|_| read_seconds),
