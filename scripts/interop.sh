@@ -9,6 +9,7 @@
 #
 #   scripts/interop.sh            # builds coremq (debug) first
 #   COREMQ_NETWORK=threads scripts/interop.sh   # the thread-per-connection front end
+#   COREMQ_SHARD_PORTS=1 scripts/interop.sh      # shard ports: the client sees a broker per shard
 #   COREMQ_BIN=path scripts/interop.sh
 #
 # Exit 0 when every check passed; 77 when the client cannot be installed (skip).
@@ -41,6 +42,10 @@ free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
 # COREMQ_NETWORK=threads runs the thread-per-connection front end instead.
 printf 'network = "%s"\n' "${COREMQ_NETWORK:-shards}" >"$work/coremq.toml"
+# COREMQ_SHARD_PORTS=1: each shard a broker of its own on a free port (routes name them).
+if [[ -n "${COREMQ_SHARD_PORTS:-}" ]]; then
+    printf 'shard_listen = "127.0.0.1:0"\n' >>"$work/coremq.toml"
+fi
 "$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
     --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
     >"$work/node.log" 2>&1 &

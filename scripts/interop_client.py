@@ -51,6 +51,11 @@ except Exception as e:  # noqa: BLE001
 producer.shutdown()
 
 # Pull consumer: reads every queue from the start.
+# The Python wrapper keeps its pull offsets by topic and queue id alone
+# (`PullConsumer._get_mq_key`), so with more than one broker (a node's shard ports, or
+# any RocketMQ cluster) queue 0 of one broker starts where queue 0 of the other
+# stopped. Keyed by broker too here; the C++ client underneath is unchanged.
+PullConsumer._get_mq_key = lambda self, mq: "%s@%s@%s" % (mq.topic, mq.brokerName, mq.queueId)
 pc = PullConsumer("interop-pull")
 pc.set_namesrv_addr(namesrv)
 pc.start()

@@ -38,6 +38,10 @@ broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
 # COREMQ_NETWORK=threads runs the thread-per-connection front end instead.
 printf 'network = "%s"\nmessage_delay_level = "%s"\n' "${COREMQ_NETWORK:-shards}" \
     "1s 2s 3s 4s 5s 6s 7s 8s 9s 10s 11s 12s 13s 14s 15s 16s 17s 18s" >"$work/coremq.toml"
+# COREMQ_SHARD_PORTS=1: each shard a broker of its own on a free port (routes name them).
+if [[ -n "${COREMQ_SHARD_PORTS:-}" ]]; then
+    printf 'shard_listen = "127.0.0.1:0"\n' >>"$work/coremq.toml"
+fi
 "$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
     --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
     >"$work/node.log" 2>&1 &
