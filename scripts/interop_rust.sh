@@ -30,6 +30,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 broker_port=$(free_port); namesrv_port=$(free_port); metrics_port=$(free_port)
 # COREMQ_NETWORK=threads runs the thread-per-connection front end instead.
 printf 'network = "%s"\n' "${COREMQ_NETWORK:-shards}" >"$work/coremq.toml"
+# COREMQ_SHARD_PORTS=1: each shard a broker of its own on a free port (routes name them).
+if [[ -n "${COREMQ_SHARD_PORTS:-}" ]]; then
+    printf 'shard_listen = "127.0.0.1:0"\n' >>"$work/coremq.toml"
+fi
 "$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
     --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
     >"$work/node.log" 2>&1 &

@@ -103,7 +103,7 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
         let mut c = Client::connect(addr);
         for local in 0..n {
             let body = format!("shard{shard}-local{local}");
-            let r = send(&mut c, "pg", TOPIC, local, body.as_bytes(), &[], 0);
+            let r = send(&mut c, "pg", TOPIC, local, body.as_bytes(), &[("KEYS", "sp-key")], 0);
             assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
             assert_eq!(r.field("queueId"), Some(local.to_string().as_str()));
             // Read back on the node's port by the global id it maps to (a held pull:
@@ -160,6 +160,29 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
         );
         assert_eq!(on_main.field("offset"), Some("1"));
     }
+    // A query by key answers each shard broker's own messages (a client asks every
+    // broker and joins the answers); the node's port answers them all.
+    let query = |c: &mut Client| {
+        let r = c.call(
+            QUERY_MESSAGE,
+            &[
+                ("topic", TOPIC),
+                ("key", "sp-key"),
+                ("maxNum", "64"),
+                ("beginTimestamp", "0"),
+                ("endTimestamp", "9999999999999"),
+            ],
+            b"",
+        );
+        assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+        records(&r.body)
+    };
+    for &(shard, _, n, addr) in &brokers {
+        let got = query(&mut Client::connect(addr));
+        assert_eq!(got.len(), n as usize, "shard {shard}");
+        assert!(got.iter().all(|m| node.handle().shard_of(TOPIC, m.queue_id) == shard));
+    }
+    assert_eq!(query(&mut main).len(), QUEUES as usize);
     let routed_after = metric(
         &metrics(node.metrics_addr.unwrap()),
         "coremq_routed_sends_total",

@@ -340,7 +340,7 @@ async fn dispatch(
                 pull_message::pull(st, req.code, to, &PullHeader::from_command(&req), view).await;
             return if oneway { Outcome::NoReply } else { outcome };
         }
-        QUERY_MESSAGE => query_message::query_message(st, &req).await,
+        QUERY_MESSAGE => query_message::query_message(st, &req, view).await,
         VIEW_MESSAGE_BY_ID => query_message::view_message(st, &req).await,
         UPDATE_AND_CREATE_TOPIC => admin_broker::create_topic(st, &req),
         GET_ALL_TOPIC_CONFIG => Ok(admin_broker::all_topic_config(st, &req)),

@@ -5,11 +5,16 @@
 //! Both answer with raw records, as RocketMQ does; a commit-log offset names its shard
 //! (shard `i`'s log starts at `i << 56`), so a lookup reads one shard only, and an
 //! offset beyond the last shard is answered as not found without asking any shard.
+//!
+//! On a shard's own port (`node::shard_view`) a query by key answers that shard
+//! broker's messages only: a client asks every broker of the route and joins the
+//! answers, so the node's whole answer on each port would come back once per shard.
 
 use super::{NodeState, Reject, field, num, ok, opt_num, reject, store_error};
 use crate::StoreOps;
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::shard_view::ShardView;
 use crate::shard::shard_of_offset;
 use bytes::Bytes;
 
@@ -30,17 +35,21 @@ async fn read_raw(st: &NodeState, offset: u64) -> Result<Option<Bytes>, Reject> 
 pub(super) async fn query_message(
     st: &NodeState,
     req: &RemotingCommand,
+    view: Option<ShardView>,
 ) -> Result<RemotingCommand, Reject> {
     let topic = field(req, "topic")?;
     let key = field(req, "key")?;
     let max: i64 = opt_num(req, "maxNum")?.unwrap_or(32);
     let begin: i64 = opt_num(req, "beginTimestamp")?.unwrap_or(0);
     let end: i64 = opt_num(req, "endTimestamp")?.unwrap_or(i64::MAX);
-    let hits = st
+    let mut hits = st
         .handle
         .query_by_key(topic, key, max.max(0) as usize, begin, end)
         .await
         .map_err(store_error)?;
+    if let Some(v) = view {
+        hits.retain(|m| shard_of_offset(m.log_offset) == v.shard);
+    }
     let mut body = Vec::new();
     let mut last_ts = 0i64;
     let mut last_off = 0u64;
