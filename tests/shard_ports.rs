@@ -17,6 +17,11 @@ use serde_json::Value;
 use std::net::SocketAddr;
 
 const TOPIC: &str = "ShardPortTopic";
+
+/// RocketMQ's `MessageQueue` JSON, as the node writes map keys (fastjson's order).
+fn coremq_mq_key(broker: &str, topic: &str, queue_id: i32) -> String {
+    format!("{{\"brokerName\":\"{broker}\",\"queueId\":{queue_id},\"topic\":\"{topic}\"}}")
+}
 const QUEUES: i32 = 7;
 
 fn metric(text: &str, name: &str) -> u64 {
@@ -103,7 +108,15 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
         let mut c = Client::connect(addr);
         for local in 0..n {
             let body = format!("shard{shard}-local{local}");
-            let r = send(&mut c, "pg", TOPIC, local, body.as_bytes(), &[("KEYS", "sp-key")], 0);
+            let r = send(
+                &mut c,
+                "pg",
+                TOPIC,
+                local,
+                body.as_bytes(),
+                &[("KEYS", "sp-key")],
+                0,
+            );
             assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
             assert_eq!(r.field("queueId"), Some(local.to_string().as_str()));
             // Read back on the node's port by the global id it maps to (a held pull:
@@ -159,6 +172,34 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
             b"",
         );
         assert_eq!(on_main.field("offset"), Some("1"));
+
+        // Topic and consume stats list the shard broker's own queues, under its name.
+        let broker = format!("\"{}\"", ShardView::broker_name("coremq-broker-a", shard));
+        let stats = c.ok(GET_TOPIC_STATS_INFO, &[("topic", TOPIC)], b"");
+        let stats = String::from_utf8(stats.body.to_vec()).unwrap();
+        assert_eq!(
+            stats.matches("\"maxOffset\"").count(),
+            n as usize,
+            "{stats}"
+        );
+        assert_eq!(stats.matches(&broker).count(), n as usize, "{stats}");
+        let progress = c.ok(
+            GET_CONSUME_STATS,
+            &[("consumerGroup", "cg"), ("topic", TOPIC)],
+            b"",
+        );
+        let progress = String::from_utf8(progress.body.to_vec()).unwrap();
+        assert_eq!(
+            progress.matches("\"brokerOffset\"").count(),
+            n as usize,
+            "{progress}"
+        );
+        let first = format!(
+            "{}:{{\"brokerOffset\":",
+            coremq_mq_key(&ShardView::broker_name("coremq-broker-a", shard), TOPIC, 0)
+        );
+        assert!(progress.contains(&first), "{first} in {progress}");
+        assert!(progress.contains("\"consumerOffset\":1"), "{progress}");
     }
     // A query by key answers each shard broker's own messages (a client asks every
     // broker and joins the answers); the node's port answers them all.
@@ -180,7 +221,10 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
     for &(shard, _, n, addr) in &brokers {
         let got = query(&mut Client::connect(addr));
         assert_eq!(got.len(), n as usize, "shard {shard}");
-        assert!(got.iter().all(|m| node.handle().shard_of(TOPIC, m.queue_id) == shard));
+        assert!(
+            got.iter()
+                .all(|m| node.handle().shard_of(TOPIC, m.queue_id) == shard)
+        );
     }
     assert_eq!(query(&mut main).len(), QUEUES as usize);
     let routed_after = metric(

@@ -86,6 +86,29 @@ impl ShardView {
     }
 }
 
+/// Queues `0..total` of `topic` as the broker a connection talks to lists them (the
+/// node, or with `view` one shard broker): that broker's name, and per queue the id it
+/// shows and the node's id.
+pub(crate) fn listed(
+    view: Option<ShardView>,
+    node_broker: &str,
+    topic: &str,
+    total: i32,
+) -> (String, Vec<(i32, i32)>) {
+    match view {
+        None => (
+            node_broker.to_string(),
+            (0..total.max(0)).map(|q| (q, q)).collect(),
+        ),
+        Some(v) => (
+            ShardView::broker_name(node_broker, v.shard),
+            (0..v.count(topic, total))
+                .filter_map(|i| Some((i, v.global(topic, i)?)))
+                .collect(),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

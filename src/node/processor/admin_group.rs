@@ -20,6 +20,7 @@ use crate::StoreOps;
 use crate::node::groups::{ClientConn, LockedQueue};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::shard_view::{ShardView, listed};
 use serde_json::{Value, json};
 use std::fmt::Write;
 
@@ -89,6 +90,7 @@ fn delete_one_group(st: &NodeState, name: &str, clean_offset: bool) -> Result<()
 pub(super) async fn consume_stats(
     st: &NodeState,
     req: &RemotingCommand,
+    view: Option<ShardView>,
 ) -> Result<RemotingCommand, Reject> {
     let group = field(req, "consumerGroup")?;
     let topics: Vec<String> = match req.field("topic").filter(|t| !t.is_empty()) {
@@ -108,7 +110,9 @@ pub(super) async fn consume_stats(
         let Some(conf) = st.topics.get(&topic) else {
             continue;
         };
-        for q in 0..conf.read_queue_nums.max(0) {
+        // On a shard's port: that shard broker's queues, under its name and ids.
+        let (broker, listed) = listed(view, &st.cfg.broker_name, &topic, conf.read_queue_nums);
+        for (shown, q) in listed {
             let (_, max) = st
                 .handle
                 .queue_offsets(&topic, q)
@@ -127,7 +131,7 @@ pub(super) async fn consume_stats(
             let _ = write!(
                 out,
                 "{}:{{\"brokerOffset\":{max},\"consumerOffset\":{committed},\"lastTimestamp\":{last},\"pullOffset\":{committed}}}",
-                mq_key(&st.cfg.broker_name, &topic, q)
+                mq_key(&broker, &topic, shown)
             );
         }
     }

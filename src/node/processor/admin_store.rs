@@ -20,6 +20,7 @@ use crate::config::RetentionConfig;
 use crate::message::GetStatus;
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::shard_view::{ShardView, listed};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
@@ -407,6 +408,7 @@ pub(super) async fn update_broker_config(
 pub(super) async fn topic_stats(
     st: &NodeState,
     req: &RemotingCommand,
+    view: Option<ShardView>,
 ) -> Result<RemotingCommand, Reject> {
     let topic = field(req, "topic")?;
     let Some(conf) = valid_topic(topic).then(|| st.topics.get(topic)).flatten() else {
@@ -416,8 +418,10 @@ pub(super) async fn topic_stats(
         ));
     };
     let queues = conf.read_queue_nums.max(conf.write_queue_nums).max(0);
+    // On a shard's port: that shard broker's queues, under its name and ids.
+    let (broker, listed) = listed(view, &st.cfg.broker_name, topic, queues);
     let mut out = String::from("{\"offsetTable\":{");
-    for q in 0..queues {
+    for (k, &(shown, q)) in listed.iter().enumerate() {
         let (min, max) = st
             .handle
             .queue_offsets(topic, q)
@@ -428,13 +432,13 @@ pub(super) async fn topic_stats(
         } else {
             0
         };
-        if q > 0 {
+        if k > 0 {
             out.push(',');
         }
         let _ = write!(
             out,
             "{}:{{\"lastUpdateTimestamp\":{last},\"maxOffset\":{max},\"minOffset\":{min}}}",
-            mq_key(&st.cfg.broker_name, topic, q)
+            mq_key(&broker, topic, shown)
         );
     }
     let tps = topic_put_tps(st).await;
