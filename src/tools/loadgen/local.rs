@@ -168,6 +168,7 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
     if plan.cfg.consumers {
         let tq =
             executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "consumers");
+        crate::shard::stall::name_queue(tq, "load generator consumers");
         for (slot, q) in plan.owned[index].iter().enumerate() {
             // Start at the end: only this run's messages are read.
             let from = store.max_queue_offset(&q.topic, q.id);
@@ -219,6 +220,7 @@ async fn run_producers(shard: &Rc<Shard>, local: &[usize]) -> Option<Produced> {
     let stats = LaneStats::new();
     let path = Rc::new(LocalPuts(shard.clone()));
     let tq = executor().create_task_queue(Shares::Static(1000), Latency::NotImportant, "producers");
+    crate::shard::stall::name_queue(tq, "load generator producers");
     let mut lanes = Vec::new();
     for &g in local {
         let producer = Producer::new(plan, g, start_ns, &stats);
