@@ -200,6 +200,36 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
         );
         assert!(progress.contains(&first), "{first} in {progress}");
         assert!(progress.contains("\"consumerOffset\":1"), "{progress}");
+
+        // A reset through the shard broker resets its queues, answered in its ids; the
+        // node's port sees the offsets under the node's ids.
+        let reset = c.ok(
+            INVOKE_BROKER_TO_RESET_OFFSET,
+            &[
+                ("topic", TOPIC),
+                ("group", "cg"),
+                ("timestamp", "-1"),
+                ("isForce", "true"),
+            ],
+            b"",
+        );
+        let reset = String::from_utf8(reset.body.to_vec()).unwrap();
+        assert_eq!(reset.matches(&broker).count(), n as usize, "{reset}");
+        let first = coremq_mq_key(&ShardView::broker_name("coremq-broker-a", shard), TOPIC, 0);
+        assert!(
+            reset.contains(&format!("{first}:{}", max.field("offset").unwrap())),
+            "{reset}"
+        );
+        let on_main = main.ok(
+            QUERY_CONSUMER_OFFSET,
+            &[
+                ("consumerGroup", "cg"),
+                ("topic", TOPIC),
+                ("queueId", &global),
+            ],
+            b"",
+        );
+        assert_eq!(on_main.field("offset"), max.field("offset"));
     }
     // A query by key answers each shard broker's own messages (a client asks every
     // broker and joins the answers); the node's port answers them all.

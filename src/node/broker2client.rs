@@ -109,12 +109,12 @@ fn reset_offset_body_for_c(broker: &str, topic: &str, resets: &[QueueReset]) -> 
 /// how many connections it went to.
 pub(super) fn reset_consumer_offsets(
     st: &NodeState,
+    broker: &str,
     topic: &str,
     group: &str,
     timestamp: i64,
     resets: &[QueueReset],
 ) -> usize {
-    let broker = &st.cfg.broker_name;
     let fields = vec![
         ("topic".to_string(), topic.to_string()),
         ("group".to_string(), group.to_string()),

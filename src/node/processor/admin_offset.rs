@@ -31,6 +31,7 @@ use crate::StoreOps;
 use crate::node::broker2client::{self, QueueReset};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
+use crate::node::shard_view::{ShardView, listed};
 
 /// What a reset asks for, from its header.
 struct ResetArgs<'a> {
@@ -61,6 +62,7 @@ fn args(req: &RemotingCommand) -> Result<ResetArgs<'_>, Reject> {
 pub(super) async fn reset_offset(
     st: &NodeState,
     req: &RemotingCommand,
+    view: Option<ShardView>,
 ) -> Result<RemotingCommand, Reject> {
     let a = args(req)?;
     if st.broker_id != 0 {
@@ -75,18 +77,25 @@ pub(super) async fn reset_offset(
             format!("reset offset: topic[{}] not exist", clip(a.topic)),
         ));
     };
-    let queues: Vec<i32> = match a.queue {
-        Some((q, _)) if q >= conf.read_queue_nums => {
-            return Err(reject(
-                INVALID_PARAMETER,
-                format!(
-                    "reset offset: queue {q} of topic {} does not exist ({} read queues)",
-                    a.topic, conf.read_queue_nums
-                ),
-            ));
-        }
-        Some((q, _)) => vec![q],
-        None => (0..conf.read_queue_nums.max(0)).collect(),
+    // The queues as the broker asked lists them (on a shard's port: that shard
+    // broker's, under its name and ids), with the node's id of each.
+    let (broker, listed) = listed(view, &st.cfg.broker_name, a.topic, conf.read_queue_nums);
+    let queues: Vec<(i32, i32)> = match a.queue {
+        Some((q, _)) => match listed.iter().find(|(shown, _)| *shown == q) {
+            Some(&one) => vec![one],
+            None => {
+                return Err(reject(
+                    INVALID_PARAMETER,
+                    format!(
+                        "reset offset: queue {q} of topic {} does not exist ({} read queues \
+                         on broker {broker})",
+                        a.topic,
+                        listed.len()
+                    ),
+                ));
+            }
+        },
+        None => listed,
     };
     let known = st.groups.contains(a.group)
         || !st.clients.members(a.group).is_empty()
@@ -101,15 +110,16 @@ pub(super) async fn reset_offset(
         ));
     }
     let mut resets = Vec::with_capacity(queues.len());
-    for q in queues {
+    for (shown, q) in queues {
         let offset = new_offset(st, &a, q).await?;
         st.offsets.set(a.group, a.topic, q, offset);
         resets.push(QueueReset {
-            queue_id: q,
+            queue_id: shown,
             offset,
         });
     }
-    let told = broker2client::reset_consumer_offsets(st, a.topic, a.group, a.timestamp, &resets);
+    let told =
+        broker2client::reset_consumer_offsets(st, &broker, a.topic, a.group, a.timestamp, &resets);
     tracing::info!(
         topic = a.topic,
         group = a.group,
@@ -119,7 +129,7 @@ pub(super) async fn reset_offset(
         consumers_told = told,
         "consumer offsets reset"
     );
-    let body = broker2client::reset_offset_body(&st.cfg.broker_name, a.topic, &resets);
+    let body = broker2client::reset_offset_body(&broker, a.topic, &resets);
     Ok(ok(req).with_body(body))
 }
 

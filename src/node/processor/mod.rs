@@ -375,7 +375,7 @@ async fn dispatch(
         LOCK_BATCH_MQ => admin_group::lock_batch(st, &req),
         UNLOCK_BATCH_MQ => admin_group::unlock_batch(st, &req),
         CHECK_CLIENT_CONFIG => admin_group::check_client_config(st, &req),
-        INVOKE_BROKER_TO_RESET_OFFSET => admin_offset::reset_offset(st, &req).await,
+        INVOKE_BROKER_TO_RESET_OFFSET => admin_offset::reset_offset(st, &req, view).await,
         TEST_PANIC_IN_HANDLER if st.cfg.test_hooks => {
             panic!("test hook: request code {TEST_PANIC_IN_HANDLER} panics in its handler")
         }
