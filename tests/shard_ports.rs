@@ -340,3 +340,51 @@ fn the_load_generator_follows_the_route_to_each_shard() {
     );
     node.shutdown().unwrap();
 }
+
+/// With `namesrv_addr` set, each shard registers with the name server as its own
+/// broker at its own port, naming its own queue counts.
+#[test]
+fn each_shard_registers_as_a_broker_of_its_own() {
+    use coremq::node::remoting::decode_payload;
+    use std::io::{Read, Write};
+    let fake_ns = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ns_addr = fake_ns.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/topics.json"),
+        r#"{"topicConfigTable":{"Known":{"readQueueNums":5,"writeQueueNums":5,"perm":6}}}"#,
+    )
+    .unwrap();
+    let node = start_node_with(dir.path(), Network::Shards, |c| {
+        c.shard_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.namesrv_addr = vec![ns_addr.to_string()];
+        c.register_interval_ms = 60_000;
+    });
+    let (mut s, _) = fake_ns.accept().unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut payload).unwrap();
+        let req = decode_payload(payload.into()).unwrap();
+        assert_eq!(req.code, REGISTER_BROKER);
+        let name = req.field("brokerName").unwrap().to_string();
+        let shard: usize = name.rsplit('-').next().unwrap().parse().unwrap();
+        let addr: SocketAddr = req.field("brokerAddr").unwrap().parse().unwrap();
+        assert_eq!(addr, node.shard_addrs[shard]);
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let known = &body["topicConfigSerializeWrapper"]["topicConfigTable"]["Known"];
+        let view = ShardView::new(shard, 2, Ownership::TopicPlusQueue).unwrap();
+        assert_eq!(known["writeQueueNums"], view.count("Known", 5), "{body}");
+        seen.push(shard);
+        let resp = coremq::node::remoting::RemotingCommand::response_to(&req, SUCCESS, None);
+        s.write_all(&resp.encode()).unwrap();
+    }
+    seen.sort();
+    assert_eq!(seen, vec![0, 1]);
+    node.shutdown().unwrap();
+}

@@ -13,7 +13,7 @@
 //! bits), which name servers check.
 
 use super::NodeState;
-use super::shard_view::ShardView;
+use super::shard_view::{ShardView, brokers};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::REGISTER_BROKER;
 use serde_json::{Value, json};
@@ -112,22 +112,8 @@ fn register_on(
     let ha = st.ha_addr.unwrap_or_else(|| {
         std::net::SocketAddrV4::new(*st.broker_addr.ip(), st.broker_addr.port() + 1)
     });
-    let shards = st.handle.shards();
-    let brokers: Vec<(String, std::net::SocketAddrV4, Option<ShardView>)> =
-        if st.shard_addrs.is_empty() {
-            vec![(st.cfg.broker_name.clone(), st.broker_addr, None)]
-        } else {
-            st.shard_addrs
-                .iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    let view = ShardView::new(i, shards, st.handle.ownership());
-                    (ShardView::broker_name(&st.cfg.broker_name, i), *a, view)
-                })
-                .collect()
-        };
     let mut code = 0;
-    for (name, addr, view) in brokers {
+    for (name, addr, view) in brokers(st) {
         let body = register_body(st, version, view);
         let f = |k: &str, v: String| (k.to_string(), v);
         let req = RemotingCommand::request(

@@ -86,6 +86,25 @@ impl ShardView {
     }
 }
 
+/// The brokers the node answers as (routes, cluster info, registration): itself, or
+/// with shard ports each shard, as (name, address, view).
+pub(crate) fn brokers(
+    st: &crate::node::NodeState,
+) -> Vec<(String, std::net::SocketAddrV4, Option<ShardView>)> {
+    if st.shard_addrs.is_empty() {
+        return vec![(st.cfg.broker_name.clone(), st.broker_addr, None)];
+    }
+    let shards = st.handle.shards();
+    st.shard_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let view = ShardView::new(i, shards, st.handle.ownership());
+            (ShardView::broker_name(&st.cfg.broker_name, i), *a, view)
+        })
+        .collect()
+}
+
 /// Queues `0..total` of `topic` as the broker a connection talks to lists them (the
 /// node, or with `view` one shard broker): that broker's name, and per queue the id it
 /// shows and the node's id.

@@ -14,7 +14,7 @@
 use super::{NodeState, Reject, clip, field, ok, reject, topic_conf};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
-use crate::node::shard_view::ShardView;
+use crate::node::shard_view::brokers;
 use serde_json::{Value, json};
 
 fn broker_addrs(st: &NodeState, addr: std::net::SocketAddrV4) -> Value {
@@ -22,26 +22,6 @@ fn broker_addrs(st: &NodeState, addr: std::net::SocketAddrV4) -> Value {
     let mut m = serde_json::Map::new();
     m.insert(st.broker_id.to_string(), json!(addr.to_string()));
     Value::Object(m)
-}
-
-/// The brokers this node answers as: itself, or with shard ports each shard (its
-/// name, address and view).
-fn brokers(st: &NodeState) -> Vec<(String, std::net::SocketAddrV4, Option<ShardView>)> {
-    if st.shard_addrs.is_empty() {
-        return vec![(st.cfg.broker_name.clone(), st.broker_addr, None)];
-    }
-    let shards = st.handle.shards();
-    st.shard_addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            (
-                ShardView::broker_name(&st.cfg.broker_name, i),
-                *a,
-                ShardView::new(i, shards, st.handle.ownership()),
-            )
-        })
-        .collect()
 }
 
 fn broker_data(st: &NodeState, name: &str, addr: std::net::SocketAddrV4) -> Value {
