@@ -162,16 +162,18 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
             ("commitOffset", "1"),
         ];
         c.ok(UPDATE_CONSUMER_OFFSET, &fields, b"");
-        let on_main = main.ok(
-            QUERY_CONSUMER_OFFSET,
-            &[
+        // The group's committed offset of this queue, asked on the node's port.
+        let committed_on_main = |main: &mut Client| {
+            let fields = [
                 ("consumerGroup", "cg"),
                 ("topic", TOPIC),
-                ("queueId", &global),
-            ],
-            b"",
-        );
-        assert_eq!(on_main.field("offset"), Some("1"));
+                ("queueId", global.as_str()),
+            ];
+            main.ok(QUERY_CONSUMER_OFFSET, &fields, b"")
+                .field("offset")
+                .map(str::to_owned)
+        };
+        assert_eq!(committed_on_main(&mut main).as_deref(), Some("1"));
 
         // Topic and consume stats list the shard broker's own queues, under its name.
         let broker = format!("\"{}\"", ShardView::broker_name("coremq-broker-a", shard));
@@ -194,10 +196,8 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
             n as usize,
             "{progress}"
         );
-        let first = format!(
-            "{}:{{\"brokerOffset\":",
-            coremq_mq_key(&ShardView::broker_name("coremq-broker-a", shard), TOPIC, 0)
-        );
+        let queue0 = coremq_mq_key(&ShardView::broker_name("coremq-broker-a", shard), TOPIC, 0);
+        let first = format!("{queue0}:{{\"brokerOffset\":");
         assert!(progress.contains(&first), "{first} in {progress}");
         assert!(progress.contains("\"consumerOffset\":1"), "{progress}");
 
@@ -215,21 +215,11 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
         );
         let reset = String::from_utf8(reset.body.to_vec()).unwrap();
         assert_eq!(reset.matches(&broker).count(), n as usize, "{reset}");
-        let first = coremq_mq_key(&ShardView::broker_name("coremq-broker-a", shard), TOPIC, 0);
         assert!(
-            reset.contains(&format!("{first}:{}", max.field("offset").unwrap())),
+            reset.contains(&format!("{queue0}:{}", max.field("offset").unwrap())),
             "{reset}"
         );
-        let on_main = main.ok(
-            QUERY_CONSUMER_OFFSET,
-            &[
-                ("consumerGroup", "cg"),
-                ("topic", TOPIC),
-                ("queueId", &global),
-            ],
-            b"",
-        );
-        assert_eq!(on_main.field("offset"), max.field("offset"));
+        assert_eq!(committed_on_main(&mut main).as_deref(), max.field("offset"));
     }
     // A query by key answers each shard broker's own messages (a client asks every
     // broker and joins the answers); the node's port answers them all.

@@ -13,7 +13,7 @@
 //! bits), which name servers check.
 
 use super::NodeState;
-use super::shard_view::{ShardView, brokers};
+use super::shard_view::{ShardView, brokers, queue_counts};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::REGISTER_BROKER;
 use serde_json::{Value, json};
@@ -30,13 +30,7 @@ pub(crate) fn register_body(st: &NodeState, version: u64, view: Option<ShardView
         .snapshot()
         .into_iter()
         .map(|(name, c)| {
-            let (read, write) = match view {
-                Some(v) => (
-                    v.count(&name, c.read_queue_nums),
-                    v.count(&name, c.write_queue_nums),
-                ),
-                None => (c.read_queue_nums, c.write_queue_nums),
-            };
+            let (read, write) = queue_counts(view, &name, c.read_queue_nums, c.write_queue_nums);
             let v = json!({
                 "topicName": name,
                 "readQueueNums": read,

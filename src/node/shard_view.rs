@@ -43,46 +43,85 @@ impl ShardView {
             .then_some(ShardView { shard, shards })
     }
 
-    /// The first global queue id this shard owns in `topic`.
-    fn first(&self, topic: &str) -> u64 {
+    /// `topic`'s queues as this shard numbers them (the topic's hash taken once: a
+    /// send asks for the count, the node's id and back).
+    pub fn topic(&self, topic: &str) -> TopicQueues {
         let s = self.shards as u64;
         let start = crc32fast::hash(topic.as_bytes()) as u64 % s;
-        (self.shard as u64 + s - start) % s
+        TopicQueues {
+            first: (self.shard as u64 + s - start) % s,
+            step: s,
+        }
     }
 
     /// How many of `topic`'s first `total` queues this shard owns.
     pub fn count(&self, topic: &str, total: i32) -> i32 {
-        let first = self.first(topic) as i64;
-        let total = total.max(0) as i64;
-        if first >= total {
-            0
-        } else {
-            ((total - first + self.shards as i64 - 1) / self.shards as i64) as i32
-        }
+        self.topic(topic).count(total)
     }
 
     /// The global queue id of this shard's local queue `local` (not checked against
     /// a count); `None` for a negative id or one past `i32`.
     pub fn global(&self, topic: &str, local: i32) -> Option<i32> {
-        if local < 0 {
-            return None;
-        }
-        let g = local as u64 * self.shards as u64 + self.first(topic);
-        i32::try_from(g).ok()
+        self.topic(topic).global(local)
     }
 
     /// This shard's local id of global queue `global`; `None` when another shard
     /// owns it.
     pub fn local(&self, topic: &str, global: i32) -> Option<i32> {
-        let g = u64::try_from(global).ok()?;
-        let first = self.first(topic);
-        (g >= first && (g - first).is_multiple_of(self.shards as u64))
-            .then(|| ((g - first) / self.shards as u64) as i32)
+        self.topic(topic).local(global)
     }
 
     /// The broker name this shard answers to: `<node broker name>-<shard>`.
     pub fn broker_name(node_broker: &str, shard: usize) -> String {
         format!("{node_broker}-{shard}")
+    }
+}
+
+/// One topic's queues as one shard numbers them: the node's ids `first, first + step,
+/// first + 2 * step, ...` are the shard's `0, 1, 2, ...`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicQueues {
+    first: u64,
+    step: u64,
+}
+
+impl TopicQueues {
+    /// How many of the topic's first `total` queues the shard owns.
+    pub fn count(&self, total: i32) -> i32 {
+        let total = total.max(0) as u64;
+        if self.first >= total {
+            0
+        } else {
+            (total - self.first).div_ceil(self.step) as i32
+        }
+    }
+
+    /// The node's id of the shard's queue `local` (not checked against a count);
+    /// `None` for a negative id or one past `i32`.
+    pub fn global(&self, local: i32) -> Option<i32> {
+        let local = u64::try_from(local).ok()?;
+        i32::try_from(local * self.step + self.first).ok()
+    }
+
+    /// The shard's id of the node's queue `global`; `None` when another shard owns it.
+    pub fn local(&self, global: i32) -> Option<i32> {
+        let g = u64::try_from(global).ok()?;
+        (g >= self.first && (g - self.first).is_multiple_of(self.step))
+            .then(|| ((g - self.first) / self.step) as i32)
+    }
+}
+
+/// A topic's (read, write) queue counts as the broker a connection talks to (the
+/// node, or with `view` one shard broker) has them.
+pub(crate) fn queue_counts(
+    view: Option<ShardView>,
+    topic: &str,
+    read: i32,
+    write: i32,
+) -> (i32, i32) {
+    match view.map(|v| v.topic(topic)) {
+        Some(q) => (q.count(read), q.count(write)),
+        None => (read, write),
     }
 }
 

@@ -388,8 +388,6 @@ async fn dispatch(
     answer(oneway, to, r.map(Reply::Command))
 }
 
-/// A processor's result as the request's outcome: nothing for a one-way request, a
-/// refusal as a response with its code and remark.
 /// A send's [`answer`]; none when the shard owning its queue answers it.
 fn answer_send(oneway: bool, to: ReplyTo, r: Result<Sent, Reject>) -> Outcome {
     match r {
@@ -399,6 +397,8 @@ fn answer_send(oneway: bool, to: ReplyTo, r: Result<Sent, Reject>) -> Outcome {
     }
 }
 
+/// A processor's result as the request's outcome: nothing for a one-way request, a
+/// refusal as a response with its code and remark.
 fn answer(oneway: bool, to: ReplyTo, r: Result<Reply, Reject>) -> Outcome {
     if oneway {
         return Outcome::NoReply;

@@ -14,7 +14,7 @@
 use super::{NodeState, Reject, clip, field, ok, reject, topic_conf};
 use crate::node::remoting::RemotingCommand;
 use crate::node::remoting::codes::*;
-use crate::node::shard_view::brokers;
+use crate::node::shard_view::{brokers, queue_counts};
 use serde_json::{Value, json};
 
 fn broker_addrs(st: &NodeState, addr: std::net::SocketAddrV4) -> Value {
@@ -47,13 +47,7 @@ pub(super) fn route(st: &NodeState, req: &RemotingCommand) -> Result<RemotingCom
     })?;
     let (mut queues, mut datas) = (Vec::new(), Vec::new());
     for (name, addr, view) in brokers(st) {
-        let (read, write) = match view {
-            Some(v) => (
-                v.count(topic, c.read_queue_nums),
-                v.count(topic, c.write_queue_nums),
-            ),
-            None => (c.read_queue_nums, c.write_queue_nums),
-        };
+        let (read, write) = queue_counts(view, topic, c.read_queue_nums, c.write_queue_nums);
         if view.is_some() && read == 0 && write == 0 {
             continue;
         }

@@ -252,57 +252,49 @@ pub(super) async fn send(
         ));
     }
     let mut queue_id: i32 = num_of(h.get(SendField::QueueId), "queueId")?;
+    // On a shard's own port the id is that shard broker's, among its queues of the
+    // topic (`node::shard_view`).
+    let mine = view.map(|v| v.topic(topic));
+    let writable = mine.map_or(conf.write_queue_nums, |m| m.count(conf.write_queue_nums));
+    let on_broker = || {
+        view.map(|v| {
+            format!(
+                " on broker {}",
+                ShardView::broker_name(&st.cfg.broker_name, v.shard)
+            )
+        })
+        .unwrap_or_default()
+    };
     // A topic may have no write queues (RocketMQ drains a topic so): no queue to pick.
-    if conf.write_queue_nums <= 0 {
+    if writable <= 0 {
         return Err(reject(
             SYSTEM_ERROR,
             format!(
-                "request queueId[{queue_id}] is illegal, topic {topic} has 0 write queues \
+                "request queueId[{queue_id}] is illegal, topic {topic} has 0 write queues{} \
                  (writeQueueNums {}): sending to it is closed",
+                on_broker(),
                 conf.write_queue_nums
             ),
         ));
-    }
-    if let Some(v) = view {
-        // On a shard's own port the id is that shard's (`node::shard_view`).
-        let count = v.count(topic, conf.write_queue_nums);
-        if count <= 0 {
-            return Err(reject(
-                SYSTEM_ERROR,
-                format!(
-                    "request queueId[{queue_id}] is illegal, topic {topic} has no write queue \
-                     on broker {}",
-                    ShardView::broker_name(&st.cfg.broker_name, v.shard)
-                ),
-            ));
-        }
-        if queue_id < 0 {
-            queue_id = (st.next_queue.fetch_add(1, Ordering::Relaxed) % count as u64) as i32;
-        }
-        if queue_id >= count {
-            return Err(reject(
-                SYSTEM_ERROR,
-                format!(
-                    "request queueId[{queue_id}] is illegal, topic {topic} has {count} write \
-                     queues on broker {}",
-                    ShardView::broker_name(&st.cfg.broker_name, v.shard)
-                ),
-            ));
-        }
-        queue_id = v.global(topic, queue_id).unwrap_or(-1);
     }
     if queue_id < 0 {
-        queue_id =
-            (st.next_queue.fetch_add(1, Ordering::Relaxed) % conf.write_queue_nums as u64) as i32;
+        queue_id = (st.next_queue.fetch_add(1, Ordering::Relaxed) % writable as u64) as i32;
     }
-    if queue_id >= conf.write_queue_nums {
-        return Err(reject(
+    let illegal = || {
+        reject(
             SYSTEM_ERROR,
             format!(
-                "request queueId[{queue_id}] is illegal, topic {topic} has {} write queues",
-                conf.write_queue_nums
+                "request queueId[{queue_id}] is illegal, topic {topic} has {writable} write \
+                 queues{}",
+                on_broker()
             ),
-        ));
+        )
+    };
+    if queue_id >= writable {
+        return Err(illegal());
+    }
+    if let Some(m) = mine {
+        queue_id = m.global(queue_id).ok_or_else(illegal)?;
     }
     let sys_flag: i32 = opt_num_of(h.get(SendField::SysFlag), "sysFlag")?.unwrap_or(0);
     let born: i64 =
@@ -386,8 +378,8 @@ pub(super) async fn send(
         began,
     };
     let mut reply = stored.answer(st, result, ids)?;
-    if let Some(v) = view {
-        reply.queue_id = v.local(topic, reply.queue_id).unwrap_or(reply.queue_id);
+    if let Some(m) = mine {
+        reply.queue_id = m.local(reply.queue_id).unwrap_or(reply.queue_id);
     }
     Ok(Sent::Reply(reply))
 }

@@ -8,7 +8,8 @@
 //! matches responses by opaque and records the round-trip latency. Topics are created
 //! first (`UPDATE_AND_CREATE_TOPIC`) with `--queues` queues; messages go round robin
 //! over topics and queues. With `--consumers`, every queue is then read back with
-//! `PULL_MESSAGE` (32 per request, one pull in flight per queue) and the count checked.
+//! `PULL_MESSAGE` (32 per request, one pull in flight per queue) and the count checked
+//! (`read_back.rs`).
 //!
 //! The client shares the machine with the node it measures, so it is lean (issue 20):
 //! requests are encoded straight into one reused buffer per producer
@@ -21,11 +22,12 @@
 //! names the brokers and their queue counts (with the node's `shard_listen`, one
 //! broker per shard at its own port); each producer opens a connection per broker,
 //! sends each broker's queues (its own ids) there, and splits `--outstanding` over
-//! them.
+//! them (`route.rs`).
 //!
 //! `--target echo` runs the same producers against a loopback TCP echo server in this
 //! process (a thread per connection that writes back what it reads): the floor a
-//! node's round trip is compared with. Every echoed frame counts as acknowledged.
+//! node's round trip is compared with. Every echoed frame counts as acknowledged
+//! (`echo.rs`).
 
 use crate::node::remoting::codes::*;
 use crate::node::remoting::encode::{FieldValue, FrameHead, encode_frame};
@@ -36,10 +38,18 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod echo;
+mod read_back;
+mod route;
+
+use echo::{echo_cpu_seconds, echo_server};
+use read_back::read_back;
+use route::{Broker, route_brokers};
 
 const MAX_RESPONSE: usize = 64 << 20;
 
@@ -70,72 +80,6 @@ fn call(
     s.write_all(&req.encode())
         .map_err(|e| format!("write: {e}"))?;
     read_response(s)
-}
-
-/// A broker of the route and the (topic index, queue id) pairs it takes, round the
-/// topics, then the queues.
-struct Broker {
-    addr: String,
-    dests: Vec<(u64, i64)>,
-}
-
-/// The brokers the node's route names for the bench topics (`--follow-route`).
-fn route_brokers(admin: &mut TcpStream, topics: u32) -> Result<Vec<Broker>, String> {
-    // broker address -> per topic, its write queue count there
-    let mut counts: Vec<(String, Vec<i64>)> = Vec::new();
-    for t in 0..topics {
-        let r = call(
-            admin,
-            GET_ROUTEINFO_BY_TOPIC,
-            vec![("topic".into(), topic_name(t))],
-        )?;
-        if r.code != SUCCESS {
-            return Err(format!("no route for {}: {:?}", topic_name(t), r.remark));
-        }
-        let route: Value = serde_json::from_slice(&r.body)
-            .map_err(|e| format!("route of {}: {e}", topic_name(t)))?;
-        let datas = route["brokerDatas"].as_array().cloned().unwrap_or_default();
-        for qd in route["queueDatas"].as_array().cloned().unwrap_or_default() {
-            let name = qd["brokerName"].as_str().unwrap_or_default();
-            let addr = datas
-                .iter()
-                .find(|b| b["brokerName"].as_str() == Some(name))
-                .and_then(|b| b["brokerAddrs"]["0"].as_str())
-                .ok_or_else(|| {
-                    format!("the route of {} has no master for {name}", topic_name(t))
-                })?;
-            let n = qd["writeQueueNums"].as_i64().unwrap_or(0);
-            let at = match counts.iter().position(|(a, _)| a == addr) {
-                Some(at) => at,
-                None => {
-                    counts.push((addr.to_string(), vec![0; topics as usize]));
-                    counts.len() - 1
-                }
-            };
-            counts[at].1[t as usize] = n;
-        }
-    }
-    let brokers: Vec<Broker> = counts
-        .into_iter()
-        .map(|(addr, per_topic)| {
-            let most = per_topic.iter().copied().max().unwrap_or(0);
-            let dests = (0..most)
-                .flat_map(|q| {
-                    per_topic
-                        .iter()
-                        .enumerate()
-                        .filter(move |(_, n)| q < **n)
-                        .map(move |(t, _)| (t as u64, q))
-                })
-                .collect();
-            Broker { addr, dests }
-        })
-        .filter(|b: &Broker| !b.dests.is_empty())
-        .collect();
-    if brokers.is_empty() {
-        return Err("the route names no broker with a write queue".into());
-    }
-    Ok(brokers)
 }
 
 fn topic_name(t: u32) -> String {
@@ -578,147 +522,6 @@ fn code_and_opaque(frame: &[u8]) -> Option<(i32, i32)> {
             .ok()
             .map(|c| (c.code, c.opaque)),
     }
-}
-
-/// The echo server's connection threads: how many still run, and the CPU (user and
-/// system seconds, `RUSAGE_THREAD`) of those that ended. One side of a bare loopback
-/// round trip: the floor a node's CPU per message at one in flight is compared with.
-static ECHO_CPU: (Mutex<(usize, f64)>, std::sync::Condvar) =
-    (Mutex::new((0, 0.0)), std::sync::Condvar::new());
-
-/// The echo threads' CPU once every connection has closed (waits up to 2 s for the
-/// threads to see their connection end).
-fn echo_cpu_seconds() -> f64 {
-    let (lock, ended) = &ECHO_CPU;
-    let state = lock.lock().unwrap_or_else(|e| e.into_inner());
-    let (state, _) = ended
-        .wait_timeout_while(state, Duration::from_secs(2), |(live, _)| *live > 0)
-        .unwrap_or_else(|e| e.into_inner());
-    state.1
-}
-
-/// A loopback echo server (`--target echo`): a thread per connection writes back
-/// whatever it reads. Returns its address.
-fn echo_server() -> Result<String, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("echo server: {e}"))?;
-    let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { break };
-            ECHO_CPU.0.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
-            std::thread::spawn(move || {
-                let _ = s.set_nodelay(true);
-                let mut buf = vec![0u8; READ_BUF];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 || s.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let cpu = super::measure::thread_cpu_seconds();
-                let mut state = ECHO_CPU.0.lock().unwrap_or_else(|e| e.into_inner());
-                *state = (state.0 - 1, state.1 + cpu);
-                ECHO_CPU.1.notify_all();
-            });
-        }
-    });
-    Ok(addr)
-}
-
-/// Reads every queue back from offset 0, 32 messages per `PULL_MESSAGE`, with one
-/// pull in flight per queue on one connection (as a RocketMQ consumer pulls its queues);
-/// the messages found. A queue is done at its first answer other than SUCCESS.
-fn read_back(cfg: &LoadConfig, target: &str) -> Result<u64, String> {
-    let mut s = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
-    let _ = s.set_nodelay(true);
-    let topics: Vec<String> = (0..cfg.topics.max(1)).map(topic_name).collect();
-    let queues = cfg.queues.max(1) as usize;
-    // Per queue (opaque = index): the next offset to pull.
-    let mut offsets = vec![0u64; topics.len() * queues];
-    let mut out = Vec::with_capacity(offsets.len() * 256);
-    let pull = |out: &mut Vec<u8>, q: usize, offset: u64| {
-        let fields = [
-            ("consumerGroup", FieldValue::Str("bench-consumer")),
-            ("topic", FieldValue::Str(&topics[q / queues])),
-            ("queueId", FieldValue::Int((q % queues) as i64)),
-            ("queueOffset", FieldValue::UInt(offset)),
-            ("maxMsgNums", FieldValue::Int(32)),
-            ("sysFlag", FieldValue::Int(0)),
-        ];
-        let head = FrameHead {
-            code: PULL_MESSAGE,
-            flag: 0,
-            opaque: q as i32,
-            serialize_type: SerializeType::Json,
-            remark: None,
-            fields: &fields,
-        };
-        encode_frame(out, &head, 0);
-    };
-    for q in 0..offsets.len() {
-        pull(&mut out, q, 0);
-    }
-    s.write_all(&out).map_err(|e| format!("write: {e}"))?;
-    let mut in_flight = offsets.len();
-    let mut responses = Responses::new();
-    let mut total = 0;
-    while in_flight > 0 {
-        let frame = responses
-            .next_frame(&mut s)
-            .ok_or("the node closed the connection during the read-back")?;
-        let (code, q, next, records) = pull_answer(frame)?;
-        let Some(offset) = offsets.get_mut(q) else {
-            return Err(format!("a pull answer for an unknown queue ({q})"));
-        };
-        if code != SUCCESS {
-            in_flight -= 1;
-            continue;
-        }
-        total += records;
-        *offset = next;
-        out.clear();
-        pull(&mut out, q, next);
-        s.write_all(&out).map_err(|e| format!("write: {e}"))?;
-    }
-    Ok(total)
-}
-
-/// A pull answer's code, opaque, `nextBeginOffset` and record count, read in place.
-fn pull_answer(frame: &[u8]) -> Result<(i32, usize, u64, u64), String> {
-    let bad = || "a malformed pull answer".to_string();
-    let word = u32::from_be_bytes(*frame.first_chunk::<4>().ok_or_else(bad)?);
-    let header_end = HEADER_WORD + (word & 0x00FF_FFFF) as usize;
-    let header = frame.get(HEADER_WORD..header_end).ok_or_else(bad)?;
-    let cmd;
-    let (code, opaque, next) = match HeaderView::parse((word >> 24) as u8, header) {
-        Ok(v) => {
-            let next = v
-                .ext_fields()
-                .find(|f| f.key == "nextBeginOffset")
-                .and_then(|f| f.value)
-                .and_then(|t| t.as_plain())
-                .and_then(|t| t.parse().ok());
-            (v.code, v.opaque, next)
-        }
-        Err(_) => {
-            cmd = remoting::decode_payload(bytes::Bytes::copy_from_slice(frame))
-                .map_err(|e| e.to_string())?;
-            let next = cmd.field("nextBeginOffset").and_then(|v| v.parse().ok());
-            (cmd.code, cmd.opaque, next)
-        }
-    };
-    if code != SUCCESS {
-        return Ok((code, opaque as usize, 0, 0));
-    }
-    let next = next.ok_or("a pull response without nextBeginOffset")?;
-    // The body: whole stored records, each starting with its total size.
-    let body = &frame[header_end..];
-    let (mut at, mut records) = (0usize, 0u64);
-    while let Some(size) = body.get(at..at + 4) {
-        let size = u32::from_be_bytes(size.try_into().expect("4 bytes"));
-        at += size.max(4) as usize;
-        records += 1;
-    }
-    Ok((code, opaque as usize, next, records))
 }
 
 /// Runs the remote benchmark; prints a summary and returns the JSON report and
