@@ -406,3 +406,132 @@ fn executors_in_turn_on_one_thread_each_get_their_own_notifier() {
         }
     });
 }
+
+/// `io_uring_enter` calls made by the calling thread from now on, counted by the
+/// kernel (a `syscalls:sys_enter_io_uring_enter` tracepoint counter through
+/// `perf_event_open`); `None` where tracefs or perf events are not available.
+struct EnterCounter(std::os::fd::OwnedFd);
+
+impl EnterCounter {
+    fn start() -> Option<EnterCounter> {
+        use std::os::fd::FromRawFd;
+        let id: u64 = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .iter()
+            .find_map(|root| {
+                std::fs::read_to_string(format!(
+                    "{root}/events/syscalls/sys_enter_io_uring_enter/id"
+                ))
+                .ok()
+            })?
+            .trim()
+            .parse()
+            .ok()?;
+        // `perf_event_attr` as of PERF_ATTR_SIZE_VER0 (64 bytes); all flags clear:
+        // enabled at once, this thread only, user and kernel.
+        #[repr(C)]
+        struct Attr {
+            kind: u32,
+            size: u32,
+            config: u64,
+            sample_period: u64,
+            sample_type: u64,
+            read_format: u64,
+            flags: u64,
+            wakeup_events: u32,
+            bp_type: u32,
+            config1: u64,
+        }
+        let attr = Attr {
+            kind: 2, // PERF_TYPE_TRACEPOINT
+            size: std::mem::size_of::<Attr>() as u32,
+            config: id,
+            sample_period: 0,
+            sample_type: 0,
+            read_format: 0,
+            flags: 0,
+            wakeup_events: 0,
+            bp_type: 0,
+            config1: 0,
+        };
+        // SAFETY: a valid attribute struct of the size it states; pid 0 and cpu -1
+        // count this thread on any CPU; no group, no flags.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &attr as *const Attr,
+                0,
+                -1,
+                -1,
+                0,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a file descriptor just returned to us and owned by nothing else.
+        Some(EnterCounter(unsafe {
+            std::os::fd::OwnedFd::from_raw_fd(fd as i32)
+        }))
+    }
+
+    fn count(&self) -> u64 {
+        use std::io::Read;
+        let mut buf = [0u8; 8];
+        std::fs::File::from(self.0.try_clone().expect("dup counter"))
+            .read_exact(&mut buf)
+            .expect("read counter");
+        u64::from_ne_bytes(buf)
+    }
+}
+
+/// Patch s: a parking executor keeps its sleep's latency-ring timeout armed from one
+/// park to the next instead of arming one before each sleep and cancelling it after
+/// (a `TIMEOUT` and a `TIMEOUT_REMOVE`, each its own `io_uring_enter`). Each of these
+/// waits parks the executor and is ended by another thread's wake.
+#[test]
+fn a_parking_executor_keeps_its_sleep_timeout_armed() {
+    const WAITS: u64 = 100;
+    watched("enter-count", |progress| {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("make executor");
+        let (tx, rx) = flume::bounded::<u64>(1);
+        let sender = std::thread::spawn(move || {
+            for i in 0..WAITS + 10 {
+                std::thread::sleep(Duration::from_millis(1));
+                if tx.send(i).is_err() {
+                    return;
+                }
+            }
+        });
+        let counted = ex.run(async {
+            // Settle first: the executor's first loops set up its rings.
+            for _ in 0..10 {
+                rx.recv_async().await.expect("sender gone");
+            }
+            let counter = EnterCounter::start()?;
+            let parks_before = voluntary_switches();
+            for _ in 0..WAITS {
+                rx.recv_async().await.expect("sender gone");
+            }
+            Some((counter.count(), voluntary_switches() - parks_before))
+        });
+        drop(rx);
+        sender.join().expect("sender");
+        progress.send(()).expect("watchdog gone");
+        let Some((enters, parks)) = counted else {
+            eprintln!("io_uring_enter not countable here (no tracefs or perf events)");
+            return;
+        };
+        assert!(
+            parks >= WAITS / 2,
+            "only {parks} parks in {WAITS} 1 ms waits"
+        );
+        let per_park = enters as f64 / parks as f64;
+        eprintln!("{enters} io_uring_enter in {parks} parks: {per_park:.2} each");
+        assert!(
+            per_park < 3.5,
+            "{per_park:.2} io_uring_enter per park ({enters} in {parks})"
+        );
+    });
+}
