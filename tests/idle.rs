@@ -125,3 +125,38 @@ fn a_timer_with_a_far_message_pending_stays_asleep() {
     );
     assert!(wakes < 30.0, "the executor woke {wakes:.1} times a second");
 }
+
+/// A stopping dispatcher used to wait for the log to be flushed past its written end,
+/// which a stop never does, so an async store's shutdown waited for the dispatcher's
+/// safety wake-up: up to 100 ms, and up to 1.6 s once an idle dispatcher had backed
+/// off (1.7 s idle here: a shutdown then waited ~1.4 s for it).
+#[test]
+fn an_idle_store_shuts_down_without_waiting_for_a_safety_wake() {
+    for mode in [FlushMode::Async, FlushMode::Sync] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        let (tx, rx) = std::sync::mpsc::channel();
+        common::run(move || async move {
+            let mut cfg = StoreConfig::new(&root);
+            cfg.flush_mode = mode;
+            let store = Store::open(cfg).await.unwrap();
+            for i in 0..10u32 {
+                let r = store
+                    .put(Message::new("Idle", (i % 4) as i32, vec![7u8; 512]))
+                    .await;
+                assert_eq!(r.status, PutStatus::PutOk);
+            }
+            store.wait_dispatched().await;
+            glommio::timer::sleep(Duration::from_millis(1700)).await;
+            let start = std::time::Instant::now();
+            store.shutdown().await.unwrap();
+            tx.send(start.elapsed()).unwrap();
+        });
+        let took = rx.recv().unwrap();
+        eprintln!("{mode:?}: shutdown took {took:?}");
+        assert!(
+            took < Duration::from_millis(600),
+            "{mode:?}: shutdown of an idle store took {took:?}"
+        );
+    }
+}

@@ -37,8 +37,13 @@ use crate::format::record::{self, Decoded, RecordView, Records, Verify};
 use crate::format::schedule::{SCHEDULE_TOPIC, TIMER_TOPIC};
 use std::rc::Rc;
 
-/// The dispatcher looks again this often even when nothing woke it.
+/// The dispatcher looks again this long after its last wake-up even when nothing
+/// woke it (a safety net: every write wakes it), doubling while these looks find
+/// nothing, up to [`DISPATCH_SAFETY_WAKE_IDLE`]: on an idle node the 100 ms look was
+/// about 10 of each shard's ~32 wake-ups a second (docs/performance/node.md).
 const DISPATCH_SAFETY_WAKE: Duration = Duration::from_millis(100);
+/// The longest safety wait of an idle dispatcher.
+const DISPATCH_SAFETY_WAKE_IDLE: Duration = Duration::from_millis(1600);
 use std::time::Duration;
 
 /// The most log bytes one dispatch pass walks without yielding: about 30 records of
@@ -66,10 +71,12 @@ impl Inner {
         // The safety wake-up of every wait below, one timer re-armed each time: a new
         // glommio timer per wait was an allocation per put at low rates.
         let mut safety = glommio::timer::Timer::new(DISPATCH_SAFETY_WAKE);
+        let mut safety_wait = DISPATCH_SAFETY_WAKE;
         loop {
             let from = self.dispatched.get();
             let to = self.confirm_offset();
             if from < to {
+                safety_wait = DISPATCH_SAFETY_WAKE;
                 // A log that begins past its base (a slave started at its master's
                 // last segment) meets queues that begin past 0.
                 let late = self.log.min_offset() > self.cfg.log_base_offset;
@@ -102,17 +109,37 @@ impl Inner {
             if self.state.get() != State::Running && log_done && to >= self.log.written() {
                 return;
             }
-            let flushed = self.log.flushed.wait_for(to + 1);
-            safety.reset(DISPATCH_SAFETY_WAKE);
-            futures_lite::future::or(
-                futures_lite::future::or(self.dispatch_wake.wait(), async {
-                    flushed.await;
-                }),
+            // Running: flushed past `to` is more to dispatch (sync mode). Stopping: the
+            // writer's last flush is what ends this loop (above), and it reaches the
+            // written end, never past it; waiting for `to + 1` then left the stop to
+            // the safety wake-up (up to 100 ms per shutdown).
+            let flush_target = if self.state.get() == State::Running {
+                to + 1
+            } else {
+                self.log.written()
+            };
+            let flushed = self.log.flushed.wait_for(flush_target);
+            safety.reset(safety_wait);
+            let looked = futures_lite::future::or(
+                futures_lite::future::or(
+                    async {
+                        self.dispatch_wake.wait().await;
+                        false
+                    },
+                    async {
+                        flushed.await;
+                        false
+                    },
+                ),
                 async {
                     (&mut safety).await;
+                    true
                 },
             )
             .await;
+            if looked {
+                safety_wait = (safety_wait * 2).min(DISPATCH_SAFETY_WAKE_IDLE);
+            }
         }
     }
 
