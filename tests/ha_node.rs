@@ -269,3 +269,122 @@ fn master_and_slave_nodes_over_the_protocol() {
     assert_eq!(max, newest.queue_offset, "its queue ends before it");
     reopened.shutdown().unwrap();
 }
+
+/// A master and its slave, both with shard ports (`shard_listen`): each shard of the
+/// slave is the slave (broker id 1) of the master's shard broker of the same name, and
+/// serves pulls of that shard's queues under the shard broker's own queue ids; sends to
+/// it are refused; SYNC_MASTER sends on each master shard port are acknowledged once
+/// that shard's slave has them.
+#[test]
+fn master_and_slave_nodes_with_shard_ports() {
+    const TOPIC: &str = "HaShards";
+    let dir = tempfile::tempdir().unwrap();
+    let (mdir, sdir) = (dir.path().join("master"), dir.path().join("slave"));
+    let ports = |c: &mut NodeConfig| c.shard_listen = Some("127.0.0.1:0".parse().unwrap());
+    let master = start(&mdir, |c| {
+        c.role = "SYNC_MASTER".into();
+        ports(c);
+    });
+    let (mbroker, mha) = (master.broker_addr, master.ha_addr.expect("HA port"));
+    let slave = start(&sdir, |c| {
+        c.role = "slave".into();
+        c.ha_master_address = Some(mha);
+        c.ha_master_broker_address = Some(mbroker);
+        ports(c);
+    });
+    assert_eq!(master.shard_addrs.len(), 2);
+    assert_eq!(slave.shard_addrs.len(), 2);
+    let mut m = Client::connect(mbroker);
+    let r = m.call(
+        UPDATE_AND_CREATE_TOPIC,
+        &[
+            ("topic", TOPIC),
+            ("readQueueNums", "6"),
+            ("writeQueueNums", "6"),
+            ("perm", "6"),
+        ],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+
+    // The master's route: a broker per shard, and how many queues each holds.
+    let route = m.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", TOPIC)], b"");
+    let route: serde_json::Value = serde_json::from_slice(&route.body).unwrap();
+    let mut brokers = Vec::new();
+    for qd in route["queueDatas"].as_array().unwrap() {
+        let name = qd["brokerName"].as_str().unwrap().to_string();
+        let shard: usize = name.rsplit('-').next().unwrap().parse().unwrap();
+        let n = qd["writeQueueNums"].as_i64().unwrap() as i32;
+        brokers.push((shard, name, n));
+    }
+    brokers.sort();
+    assert_eq!(brokers.len(), 2, "{route}");
+    assert_eq!(brokers.iter().map(|b| b.2).sum::<i32>(), 6, "{route}");
+
+    // SYNC_MASTER on each shard port: SUCCESS once that shard's slave is in sync.
+    for &(shard, _, _) in &brokers {
+        let mut c = Client::connect(master.shard_addrs[shard]);
+        eventually("the shard's slave to be in sync", || {
+            send(&mut c, TOPIC, 0, "probe", "probe").code == SUCCESS
+        });
+    }
+    for &(shard, _, n) in &brokers {
+        let mut c = Client::connect(master.shard_addrs[shard]);
+        for local in 0..n {
+            let body = format!("s{shard}-q{local}");
+            let r = send(&mut c, TOPIC, local, &body, &body);
+            assert_eq!(r.code, SUCCESS, "{body}: {:?}", r.remark);
+        }
+    }
+
+    // Each slave shard port serves its shard's queues under the same local ids, once
+    // the slave copied the topic's settings (every `slave_sync_interval_ms`).
+    let mut s = Client::connect(slave.broker_addr);
+    eventually("the slave to copy the topic", || {
+        let r = s.call(GET_ALL_TOPIC_CONFIG, &[], b"");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        v["topicConfigTable"][TOPIC]["readQueueNums"] == 6
+    });
+    for &(shard, _, n) in &brokers {
+        let mut c = Client::connect(slave.shard_addrs[shard]);
+        for local in 0..n {
+            let body = format!("s{shard}-q{local}");
+            let r = pull(&mut c, TOPIC, local, 0);
+            assert_eq!(r.code, SUCCESS, "{body}: {:?}", r.remark);
+            let got = records(&r.body);
+            assert!(
+                got.iter().any(|m| m.body[..] == *body.as_bytes()),
+                "{body} not on the slave's shard broker"
+            );
+            assert!(
+                got.iter()
+                    .all(|m| m.body.starts_with(b"probe") || m.body[..] == *body.as_bytes()),
+                "only queue {local}'s messages on {shard}'s queue {local}"
+            );
+        }
+        let r = send(&mut c, TOPIC, 0, "refused", "x");
+        assert_eq!(r.code, SERVICE_NOT_AVAILABLE, "{:?}", r.remark);
+    }
+
+    // The slave's route names the same shard brokers, itself as their broker id 1.
+    let route = s.call(GET_ROUTEINFO_BY_TOPIC, &[("topic", TOPIC)], b"");
+    assert_eq!(route.code, SUCCESS, "{:?}", route.remark);
+    let route: serde_json::Value = serde_json::from_slice(&route.body).unwrap();
+    for &(shard, ref name, _) in &brokers {
+        let bd = route["brokerDatas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["brokerName"] == name.as_str())
+            .unwrap_or_else(|| panic!("{name} in the slave's route: {route}"));
+        let addr: SocketAddr = bd["brokerAddrs"]["1"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} has broker id 1: {route}"))
+            .parse()
+            .unwrap();
+        assert_eq!(addr, slave.shard_addrs[shard]);
+    }
+    drop((m, s));
+    slave.shutdown().unwrap();
+    master.shutdown().unwrap();
+}
