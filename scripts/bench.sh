@@ -333,6 +333,19 @@ node_cpu() {
     if [ -n "$v" ]; then echo "$v"
     else awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$node_pid/stat"; fi
 }
+# quiesce: wait (at most 10 s) until the node uses under 5% of a core over 250 ms, so
+# the background work an earlier run left (flushes of the gigabytes a batched run wrote)
+# is not counted as the next run's CPU.
+quiesce() {
+    local c0 c1 i
+    for i in $(seq 40); do
+        c0=$(node_cpu)
+        sleep 0.25
+        c1=$(node_cpu)
+        if [ "$(echo "($c1 - $c0) < 0.0125" | bc -l)" = 1 ]; then return; fi
+    done
+    log "the node did not quiesce within 10 s"
+}
 # remote_run NAME LABEL TARGET ARGS...: one `coremq bench --target` run, the node's CPU
 # added to its JSON.
 remote_run() {
@@ -341,7 +354,10 @@ remote_run() {
     log "scenario $name: $label"
     rm -f "$detail/$name.json"
     c0=0
-    [ "$target" != echo ] && c0=$(node_cpu)
+    if [ "$target" != echo ]; then
+        quiesce
+        c0=$(node_cpu)
+    fi
     set +e
     timeout --signal=KILL "$limit" "$bin" bench --label "$label" --target "$target" \
         --json "$detail/$name.json" --quiet "$@" 2>&1 | tee "$detail/$name.log" >&2
