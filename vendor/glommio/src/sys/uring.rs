@@ -1064,10 +1064,14 @@ impl SleepableRing {
     // Raised from 10 ms to 100 ms in the second round (COREMQ-PATCHES.md, e).
     pub(crate) const MAX_PARK: Duration = Duration::from_millis(100);
 
+    // coremq patch t: how much later than the latency ring's timeout the main-ring wait
+    // itself times out (see `sleep`).
+    const WAIT_SLACK: Duration = Duration::from_millis(1);
+
     // coremq patch (h): the wait also ends when the next user timer is due. The timer
     // is still armed on the latency ring, but its expiry reaches this wait only through
     // the nested poll of that ring, the path that lost wake-ups (see `MAX_PARK`): a
-    // timer then fired up to `MAX_PARK` late.
+    // timer then fired up to `MAX_PARK` late. (Since t, `WAIT_SLACK` after the timer.)
     fn sleep(&mut self, link: &Source, user_timer: Option<Duration>) -> io::Result<usize> {
         assert_eq!(
             self.waiting_kernel_submission(),
@@ -1113,7 +1117,13 @@ impl SleepableRing {
                 // The rings are linked. Goodnight!
                 // coremq patch: for at most `MAX_PARK`; its timeout (ETIME) is a
                 // normal wake-up.
-                let park = user_timer.map_or(Self::MAX_PARK, |t| t.min(Self::MAX_PARK));
+                // coremq patch t: plus `WAIT_SLACK`, so this wait's hrtimer is never the
+                // CPU's earliest (the latency ring's timeout, patch s, fires first and
+                // wakes it through the linked rings): no clock-event reprogram to arm and
+                // cancel it at every park. A wake-up lost on that path still ends here,
+                // `WAIT_SLACK` later.
+                let park = user_timer.map_or(Self::MAX_PARK, |t| t.min(Self::MAX_PARK))
+                    + Self::WAIT_SLACK;
                 self.ring
                     .cq()
                     .wait_with_timeout(1, park)
