@@ -19,21 +19,27 @@ fn voluntary_switches() -> u64 {
         .expect("voluntary_ctxt_switches in /proc status")
 }
 
+/// A store at `root` in `mode` holding `n` small puts, all dispatched.
+async fn store_with_puts(root: &std::path::Path, mode: FlushMode, n: u32) -> Store {
+    let mut cfg = StoreConfig::new(root);
+    cfg.flush_mode = mode;
+    let store = Store::open(cfg).await.unwrap();
+    for i in 0..n {
+        let r = store
+            .put(Message::new("Idle", (i % 4) as i32, vec![7u8; 512]))
+            .await;
+        assert_eq!(r.status, PutStatus::PutOk);
+    }
+    store.wait_dispatched().await;
+    store
+}
+
 fn idle_wakeups_per_second(mode: FlushMode) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     let (tx, rx) = std::sync::mpsc::channel();
     common::run(move || async move {
-        let mut cfg = StoreConfig::new(&root);
-        cfg.flush_mode = mode;
-        let store = Store::open(cfg).await.unwrap();
-        for i in 0..100u32 {
-            let r = store
-                .put(Message::new("Idle", (i % 4) as i32, vec![7u8; 512]))
-                .await;
-            assert_eq!(r.status, PutStatus::PutOk);
-        }
-        store.wait_dispatched().await;
+        let store = store_with_puts(&root, mode, 100).await;
         // Whatever the puts set going (flushes, checkpoints) settles first.
         glommio::timer::sleep(Duration::from_secs(2)).await;
         let window = Duration::from_secs(3);
@@ -137,16 +143,7 @@ fn an_idle_store_shuts_down_without_waiting_for_a_safety_wake() {
         let root = dir.path().join("store");
         let (tx, rx) = std::sync::mpsc::channel();
         common::run(move || async move {
-            let mut cfg = StoreConfig::new(&root);
-            cfg.flush_mode = mode;
-            let store = Store::open(cfg).await.unwrap();
-            for i in 0..10u32 {
-                let r = store
-                    .put(Message::new("Idle", (i % 4) as i32, vec![7u8; 512]))
-                    .await;
-                assert_eq!(r.status, PutStatus::PutOk);
-            }
-            store.wait_dispatched().await;
+            let store = store_with_puts(&root, mode, 10).await;
             glommio::timer::sleep(Duration::from_millis(1700)).await;
             let start = std::time::Instant::now();
             store.shutdown().await.unwrap();

@@ -74,7 +74,7 @@ fn every_send_goes_to_its_queues_shard_under_the_shard_brokers_own_ids() {
         let shard: usize = name.rsplit('-').next().unwrap().parse().unwrap();
         let view = ShardView::new(shard, 2, Ownership::TopicPlusQueue).unwrap();
         let n = qd["writeQueueNums"].as_i64().unwrap() as i32;
-        assert_eq!(n, view.count(TOPIC, QUEUES));
+        assert_eq!(n, view.topic(TOPIC).count(QUEUES));
         assert_eq!(qd["readQueueNums"].as_i64().unwrap() as i32, n);
         total += n;
         let bd = route["brokerDatas"]
@@ -335,8 +335,6 @@ fn the_load_generator_follows_the_route_to_each_shard() {
 /// broker at its own port, naming its own queue counts.
 #[test]
 fn each_shard_registers_as_a_broker_of_its_own() {
-    use coremq::node::remoting::decode_payload;
-    use std::io::{Read, Write};
     let fake_ns = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ns_addr = fake_ns.local_addr().unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -351,16 +349,11 @@ fn each_shard_registers_as_a_broker_of_its_own() {
         c.namesrv_addr = vec![ns_addr.to_string()];
         c.register_interval_ms = 60_000;
     });
-    let (mut s, _) = fake_ns.accept().unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-        .unwrap();
+    let (s, _) = fake_ns.accept().unwrap();
+    let mut ns = Client::on_stream(s);
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let mut len = [0u8; 4];
-        s.read_exact(&mut len).unwrap();
-        let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
-        s.read_exact(&mut payload).unwrap();
-        let req = decode_payload(payload.into()).unwrap();
+        let req = ns.read_frame().unwrap();
         assert_eq!(req.code, REGISTER_BROKER);
         let name = req.field("brokerName").unwrap().to_string();
         let shard: usize = name.rsplit('-').next().unwrap().parse().unwrap();
@@ -369,10 +362,15 @@ fn each_shard_registers_as_a_broker_of_its_own() {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
         let known = &body["topicConfigSerializeWrapper"]["topicConfigTable"]["Known"];
         let view = ShardView::new(shard, 2, Ownership::TopicPlusQueue).unwrap();
-        assert_eq!(known["writeQueueNums"], view.count("Known", 5), "{body}");
+        assert_eq!(
+            known["writeQueueNums"],
+            view.topic("Known").count(5),
+            "{body}"
+        );
         seen.push(shard);
-        let resp = coremq::node::remoting::RemotingCommand::response_to(&req, SUCCESS, None);
-        s.write_all(&resp.encode()).unwrap();
+        ns.write(&coremq::node::remoting::RemotingCommand::response_to(
+            &req, SUCCESS, None,
+        ));
     }
     seen.sort();
     assert_eq!(seen, vec![0, 1]);

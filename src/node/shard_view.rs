@@ -54,21 +54,10 @@ impl ShardView {
         }
     }
 
-    /// How many of `topic`'s first `total` queues this shard owns.
-    pub fn count(&self, topic: &str, total: i32) -> i32 {
-        self.topic(topic).count(total)
-    }
-
     /// The global queue id of this shard's local queue `local` (not checked against
     /// a count); `None` for a negative id or one past `i32`.
     pub fn global(&self, topic: &str, local: i32) -> Option<i32> {
         self.topic(topic).global(local)
-    }
-
-    /// This shard's local id of global queue `global`; `None` when another shard
-    /// owns it.
-    pub fn local(&self, topic: &str, global: i32) -> Option<i32> {
-        self.topic(topic).local(global)
     }
 
     /// The broker name this shard answers to: `<node broker name>-<shard>`.
@@ -158,12 +147,15 @@ pub(crate) fn listed(
             node_broker.to_string(),
             (0..total.max(0)).map(|q| (q, q)).collect(),
         ),
-        Some(v) => (
-            ShardView::broker_name(node_broker, v.shard),
-            (0..v.count(topic, total))
-                .filter_map(|i| Some((i, v.global(topic, i)?)))
-                .collect(),
-        ),
+        Some(v) => {
+            let q = v.topic(topic);
+            (
+                ShardView::broker_name(node_broker, v.shard),
+                (0..q.count(total))
+                    .filter_map(|i| Some((i, q.global(i)?)))
+                    .collect(),
+            )
+        }
     }
 }
 
@@ -180,24 +172,21 @@ mod tests {
                     let mut sum = 0;
                     for s in 0..shards {
                         let v = ShardView::new(s, shards, Ownership::TopicPlusQueue).unwrap();
+                        let q = v.topic(topic);
                         let owned: Vec<i32> = (0..total)
                             .filter(|&q| shard_of(topic, q, shards) == s)
                             .collect();
-                        assert_eq!(
-                            v.count(topic, total),
-                            owned.len() as i32,
-                            "{topic} {s}/{shards}"
-                        );
-                        for (i, &q) in owned.iter().enumerate() {
-                            assert_eq!(v.global(topic, i as i32), Some(q));
-                            assert_eq!(v.local(topic, q), Some(i as i32));
+                        assert_eq!(q.count(total), owned.len() as i32, "{topic} {s}/{shards}");
+                        for (i, &g) in owned.iter().enumerate() {
+                            assert_eq!(v.global(topic, i as i32), Some(g));
+                            assert_eq!(q.local(g), Some(i as i32));
                         }
-                        for q in 0..total {
-                            if shard_of(topic, q, shards) != s {
-                                assert_eq!(v.local(topic, q), None, "{topic} q{q} not on {s}");
+                        for g in 0..total {
+                            if shard_of(topic, g, shards) != s {
+                                assert_eq!(q.local(g), None, "{topic} q{g} not on {s}");
                             }
                         }
-                        sum += v.count(topic, total);
+                        sum += q.count(total);
                     }
                     assert_eq!(sum, total);
                 }
@@ -209,7 +198,7 @@ mod tests {
     fn bad_ids_and_old_stores_are_refused() {
         let v = ShardView::new(1, 2, Ownership::TopicPlusQueue).unwrap();
         assert_eq!(v.global("T", -1), None);
-        assert_eq!(v.local("T", -3), None);
+        assert_eq!(v.topic("T").local(-3), None);
         assert_eq!(v.global("T", i32::MAX), None);
         assert!(ShardView::new(0, 2, Ownership::QueueCrc32).is_none());
         assert!(ShardView::new(2, 2, Ownership::TopicPlusQueue).is_none());

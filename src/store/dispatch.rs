@@ -36,6 +36,7 @@ use crate::format::consume_queue::CqEntry;
 use crate::format::record::{self, Decoded, RecordView, Records, Verify};
 use crate::format::schedule::{SCHEDULE_TOPIC, TIMER_TOPIC};
 use std::rc::Rc;
+use std::time::Duration;
 
 /// The dispatcher looks again this long after its last wake-up even when nothing
 /// woke it (a safety net: every write wakes it), doubling while these looks find
@@ -44,7 +45,6 @@ use std::rc::Rc;
 const DISPATCH_SAFETY_WAKE: Duration = Duration::from_millis(100);
 /// The longest safety wait of an idle dispatcher.
 const DISPATCH_SAFETY_WAKE_IDLE: Duration = Duration::from_millis(1600);
-use std::time::Duration;
 
 /// The most log bytes one dispatch pass walks without yielding: about 30 records of
 /// 1 KiB, well under a background turn (`StoreConfig::background_turn`); dispatch polls

@@ -57,7 +57,13 @@ pub struct Client {
 
 impl Client {
     pub fn connect(addr: SocketAddr) -> Client {
-        let s = TcpStream::connect(addr).unwrap();
+        Client::on_stream(TcpStream::connect(addr).unwrap())
+    }
+
+    /// A client on an open connection: one it made, or one a test accepted (a fake
+    /// name server's, whose frames it reads with [`Client::read_frame`] and answers
+    /// with [`Client::write`]).
+    pub fn on_stream(s: TcpStream) -> Client {
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         Client {
             s,
@@ -67,7 +73,8 @@ impl Client {
         }
     }
 
-    fn read_frame(&mut self) -> std::io::Result<RemotingCommand> {
+    /// The next frame the peer sends.
+    pub fn read_frame(&mut self) -> std::io::Result<RemotingCommand> {
         let mut len = [0u8; 4];
         self.s.read_exact(&mut len)?;
         let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
@@ -75,7 +82,7 @@ impl Client {
         Ok(decode_payload(payload.into()).expect("the node sends well-formed frames"))
     }
 
-    fn write(&mut self, c: &RemotingCommand) {
+    pub fn write(&mut self, c: &RemotingCommand) {
         self.s.write_all(&c.encode()).unwrap();
     }
 

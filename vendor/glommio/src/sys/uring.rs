@@ -861,7 +861,7 @@ impl UringCommon for PollRing {
 
     fn submit_one_event(&mut self, queue: &mut VecDeque<UringDescriptor>) -> Option<bool> {
         // coremq patch r: nothing queued, no clock read (every flush of every ring
-        // ends here; ~30 of a parking executor's ~68 clock reads per loop).
+        // ends here: 31 of the 68 clock reads per send of a node at one in flight).
         if queue.is_empty() {
             return Some(false);
         }
@@ -1228,7 +1228,7 @@ impl UringCommon for SleepableRing {
 
     fn submit_one_event(&mut self, queue: &mut VecDeque<UringDescriptor>) -> Option<bool> {
         // coremq patch r: nothing queued, no clock read (every flush of every ring
-        // ends here; ~30 of a parking executor's ~68 clock reads per loop).
+        // ends here: 31 of the 68 clock reads per send of a node at one in flight).
         if queue.is_empty() {
             return Some(false);
         }
