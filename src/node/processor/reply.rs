@@ -70,27 +70,30 @@ pub(crate) enum Reply {
 }
 
 impl SendReply {
+    /// In JSON's order (sorted keys), so a JSON answer is written without sorting
+    /// (`encode::json_header`); a binary one carries them in this order too.
     fn fields(&self) -> [(&str, FieldValue<'_>); 5] {
         [
+            ("MSG_REGION", FieldValue::Str("DefaultRegion")),
+            ("TRACE_ON", FieldValue::Str("true")),
             ("msgId", FieldValue::Ids(&self.ids)),
             ("queueId", FieldValue::Int(self.queue_id as i64)),
             ("queueOffset", FieldValue::UInt(self.queue_offset)),
-            ("MSG_REGION", FieldValue::Str("DefaultRegion")),
-            ("TRACE_ON", FieldValue::Str("true")),
         ]
     }
 }
 
 impl PullReply {
+    /// In JSON's order, as [`SendReply::fields`].
     fn fields(&self) -> [(&str, FieldValue<'_>); 4] {
         [
+            ("maxOffset", FieldValue::UInt(self.max_offset)),
+            ("minOffset", FieldValue::UInt(self.min_offset)),
+            ("nextBeginOffset", FieldValue::UInt(self.next_begin_offset)),
             (
                 "suggestWhichBrokerId",
                 FieldValue::UInt(self.suggest_broker),
             ),
-            ("nextBeginOffset", FieldValue::UInt(self.next_begin_offset)),
-            ("minOffset", FieldValue::UInt(self.min_offset)),
-            ("maxOffset", FieldValue::UInt(self.max_offset)),
         ]
     }
 
