@@ -526,6 +526,20 @@ fn route_send_pull_offsets_queries(network: Network) {
         inf > 0 && inf <= puts,
         "latency count {inf}, puts {puts}\n{text}"
     );
+    // One series per shard (the counters kept for requests on no shard's thread are
+    // not a shard), and the requests counted over all of them.
+    let series = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+    assert_eq!(
+        series("coremq_puts_total{"),
+        series("coremq_log_written_offset{"),
+        "{text}"
+    );
+    let requests: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("coremq_requests_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no coremq_requests_total\n{text}"));
+    assert!(requests > 0, "requests {requests}\n{text}");
     // Log positions per shard, flushed never ahead of written.
     for name in [
         "coremq_log_written_offset",

@@ -18,17 +18,29 @@ pub const PUT_LATENCY_BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
 ];
 
-/// Counters for `/metrics`, per shard.
+/// One shard's counters, on cache lines of their own: each shard bumps its own on every
+/// request, and counters of two shards side by side (with one request counter for all
+/// and one arrivals lock) moved a line between the CPUs on every send: ~5% of a node's
+/// CPU per send (docs/performance/node.md).
+#[repr(align(128))]
+#[derive(Default)]
+pub struct ShardMetrics {
+    /// Put latency (store call, as the request saw it): counts per bucket of
+    /// [`PUT_LATENCY_BUCKETS`] plus one for larger, and the sum in microseconds.
+    pub put_latency: [AtomicU64; PUT_LATENCY_BUCKETS.len() + 1],
+    pub put_latency_sum_us: AtomicU64,
+    pub puts: AtomicU64,
+    pub put_bytes: AtomicU64,
+    pub gets: AtomicU64,
+    pub get_bytes: AtomicU64,
+    /// Requests served on this shard's thread.
+    requests: AtomicU64,
+}
+
+/// Counters for `/metrics`.
 pub struct Metrics {
-    /// Put latency (store call, as the request saw it) per shard: counts per bucket
-    /// of [`PUT_LATENCY_BUCKETS`] plus one for larger, and the sum in microseconds.
-    pub put_latency: Vec<Vec<AtomicU64>>,
-    pub put_latency_sum_us: Vec<AtomicU64>,
-    pub puts: Vec<AtomicU64>,
-    pub put_bytes: Vec<AtomicU64>,
-    pub gets: Vec<AtomicU64>,
-    pub get_bytes: Vec<AtomicU64>,
-    pub requests: AtomicU64,
+    /// Per shard, and one more for requests served on no shard's thread.
+    shards: Vec<ShardMetrics>,
     pub connections_accepted: AtomicU64,
     pub connections_refused: AtomicU64,
     pub bad_frames: AtomicU64,
@@ -41,27 +53,31 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(shards: usize) -> Metrics {
-        let v = || (0..shards).map(|_| AtomicU64::new(0)).collect();
         Metrics {
-            put_latency: (0..shards)
-                .map(|_| {
-                    (0..=PUT_LATENCY_BUCKETS.len())
-                        .map(|_| AtomicU64::new(0))
-                        .collect()
-                })
-                .collect(),
-            put_latency_sum_us: v(),
-            puts: v(),
-            put_bytes: v(),
-            gets: v(),
-            get_bytes: v(),
-            requests: AtomicU64::new(0),
+            shards: (0..=shards).map(|_| ShardMetrics::default()).collect(),
             connections_accepted: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             bad_frames: AtomicU64::new(0),
             request_panics: AtomicU64::new(0),
             routed_sends: AtomicU64::new(0),
         }
+    }
+
+    /// Shard `shard`'s counters (a shard beyond the node's: the spare set, counted
+    /// nowhere in the per-shard series).
+    pub fn shard(&self, shard: usize) -> &ShardMetrics {
+        &self.shards[shard.min(self.shards.len() - 1)]
+    }
+
+    /// Counts a request served on `shard`'s thread (`None`: on no shard's thread).
+    pub fn request(&self, shard: Option<usize>) {
+        let at = shard.unwrap_or(self.shards.len() - 1);
+        self.shard(at).requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The node's shards' counters (the spare set left out).
+    fn per_shard(&self) -> &[ShardMetrics] {
+        &self.shards[..self.shards.len() - 1]
     }
 
     /// Records one put's latency on `shard`.
@@ -71,9 +87,11 @@ impl Metrics {
             .iter()
             .position(|le| secs <= *le)
             .unwrap_or(PUT_LATENCY_BUCKETS.len());
-        if let Some(h) = self.put_latency.get(shard) {
-            h[b].fetch_add(1, Ordering::Relaxed);
-            self.put_latency_sum_us[shard].fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        if shard < self.shards.len() - 1 {
+            let m = &self.shards[shard];
+            m.put_latency[b].fetch_add(1, Ordering::Relaxed);
+            m.put_latency_sum_us
+                .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
         }
     }
 
@@ -92,16 +110,16 @@ impl Metrics {
             out,
             "# HELP {name} Time a put took in the store, as the request saw it.\n# TYPE {name} histogram"
         );
-        for (i, h) in self.put_latency.iter().enumerate() {
+        for (i, m) in self.per_shard().iter().enumerate() {
             let mut cum = 0;
-            for (b, c) in h.iter().enumerate() {
+            for (b, c) in m.put_latency.iter().enumerate() {
                 cum += c.load(Ordering::Relaxed);
                 let le = PUT_LATENCY_BUCKETS
                     .get(b)
                     .map_or("+Inf".to_string(), |v| v.to_string());
                 let _ = writeln!(out, "{name}_bucket{{shard=\"{i}\",le=\"{le}\"}} {cum}");
             }
-            let sum = self.put_latency_sum_us[i].load(Ordering::Relaxed) as f64 / 1e6;
+            let sum = m.put_latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
             let _ = writeln!(out, "{name}_sum{{shard=\"{i}\"}} {sum}");
             let _ = writeln!(out, "{name}_count{{shard=\"{i}\"}} {cum}");
         }
@@ -150,35 +168,32 @@ impl Metrics {
             let failed = s.as_ref().is_none_or(|s| s.failure.is_some());
             let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", failed as u8);
         }
-        let per_shard = |out: &mut String, name: &str, help: &str, v: &[AtomicU64]| {
+        let per_shard = |out: &mut String, name: &str, help: &str, v: fn(&ShardMetrics) -> u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (i, c) in v.iter().enumerate() {
-                let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", c.load(Ordering::Relaxed));
+            for (i, m) in self.per_shard().iter().enumerate() {
+                let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", v(m));
             }
         };
-        per_shard(
-            &mut out,
-            "coremq_puts_total",
-            "Messages stored.",
-            &self.puts,
-        );
+        per_shard(&mut out, "coremq_puts_total", "Messages stored.", |m| {
+            m.puts.load(Ordering::Relaxed)
+        });
         per_shard(
             &mut out,
             "coremq_put_bytes_total",
             "Body bytes stored.",
-            &self.put_bytes,
+            |m| m.put_bytes.load(Ordering::Relaxed),
         );
         per_shard(
             &mut out,
             "coremq_gets_total",
             "Messages returned by pulls.",
-            &self.gets,
+            |m| m.gets.load(Ordering::Relaxed),
         );
         per_shard(
             &mut out,
             "coremq_get_bytes_total",
             "Record bytes returned by pulls.",
-            &self.get_bytes,
+            |m| m.get_bytes.load(Ordering::Relaxed),
         );
         let one = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
             let _ = writeln!(
@@ -192,7 +207,7 @@ impl Metrics {
             "coremq_requests_total",
             "counter",
             "Requests served.",
-            load(&self.requests),
+            self.shards.iter().map(|m| load(&m.requests)).sum(),
         );
         one(
             &mut out,

@@ -283,6 +283,7 @@ impl Node {
         let groups = groups::SubscriptionGroups::load(&config_dir)?;
         let store = ShardedStore::open(store_cfg)?;
         let handle = store.handle();
+        arrivals.count_for(handle.ownership(), handle.shards());
         if !shards_listening.is_empty()
             && shard_view::ShardView::new(0, handle.shards(), handle.ownership()).is_none()
         {

@@ -447,25 +447,51 @@ type QueueWaiters = (u64, Vec<flume::Sender<()>>);
 /// Every send counts its arrival, so the counters are found by topic (`&str`) and
 /// queue id without building a key: a `(String, i32)` key cost a string allocation and
 /// a SipHash per send (1.4% of a node's samples under single sends).
+///
+/// Kept in one part per shard, each on cache lines of its own, a queue's counter in
+/// the part of the shard that owns the queue: a shard's sends to its own queues lock
+/// only its part (one lock for all moved its line between the CPUs on every send,
+/// docs/performance/node.md). Counting starts when the store is open
+/// ([`Arrivals::count_for`]); an arrival before counts nowhere, as no pull can wait yet.
 #[derive(Default)]
 pub struct Arrivals {
-    queues: Mutex<ahash::AHashMap<String, ahash::AHashMap<i32, QueueWaiters>>>,
+    parts: std::sync::OnceLock<(crate::shard::Ownership, Vec<ArrivalsPart>)>,
 }
 
+type ArrivalsMap = ahash::AHashMap<String, ahash::AHashMap<i32, QueueWaiters>>;
+
+/// One shard's arrival counters, alone on their cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct ArrivalsPart(Mutex<ArrivalsMap>);
+
 impl Arrivals {
+    /// Starts counting, one part per shard of a store of `shards` shards whose queues
+    /// `ownership` places (the first call counts; a later one changes nothing).
+    pub fn count_for(&self, ownership: crate::shard::Ownership, shards: usize) {
+        let parts = (0..shards.max(1))
+            .map(|_| ArrivalsPart::default())
+            .collect();
+        let _ = self.parts.set((ownership, parts));
+    }
+
+    /// The part holding `(topic, queue_id)`, locked (`None`: not counting yet).
+    fn part(&self, topic: &str, queue_id: i32) -> Option<MutexGuard<'_, ArrivalsMap>> {
+        let (ownership, parts) = self.parts.get()?;
+        let at = ownership.shard_of(topic, queue_id, parts.len());
+        Some(lock(&parts[at].0))
+    }
+
     pub fn seq(&self, topic: &str, queue_id: i32) -> u64 {
-        lock(&self.queues)
-            .get(topic)
+        self.part(topic, queue_id)
+            .as_ref()
+            .and_then(|q| q.get(topic))
             .and_then(|t| t.get(&queue_id))
             .map_or(0, |(seq, _)| *seq)
     }
 
     /// The queue's entry, made when missing (a string allocation, once per topic).
-    fn entry<'m>(
-        queues: &'m mut ahash::AHashMap<String, ahash::AHashMap<i32, QueueWaiters>>,
-        topic: &str,
-        queue_id: i32,
-    ) -> &'m mut QueueWaiters {
+    fn entry<'m>(queues: &'m mut ArrivalsMap, topic: &str, queue_id: i32) -> &'m mut QueueWaiters {
         if !queues.contains_key(topic) {
             queues.insert(topic.to_string(), Default::default());
         }
@@ -480,7 +506,11 @@ impl Arrivals {
     /// already moved past `seen`.
     pub fn subscribe(&self, topic: &str, queue_id: i32, seen: u64) -> flume::Receiver<()> {
         let (tx, rx) = flume::bounded(1);
-        let mut q = lock(&self.queues);
+        let Some(mut q) = self.part(topic, queue_id) else {
+            // Not counting yet: look again at once.
+            let _ = tx.try_send(());
+            return rx;
+        };
         let (seq, waiters) = Self::entry(&mut q, topic, queue_id);
         if *seq != seen {
             let _ = tx.try_send(());
@@ -493,7 +523,9 @@ impl Arrivals {
     }
 
     pub fn arrived(&self, topic: &str, queue_id: i32) {
-        let mut q = lock(&self.queues);
+        let Some(mut q) = self.part(topic, queue_id) else {
+            return;
+        };
         let (seq, waiters) = Self::entry(&mut q, topic, queue_id);
         *seq += 1;
         for w in waiters.drain(..) {
@@ -503,9 +535,14 @@ impl Arrivals {
 
     /// Signals every waiter (shutdown).
     pub fn wake_all(&self) {
-        for (_, waiters) in lock(&self.queues).values_mut().flat_map(|t| t.values_mut()) {
-            for w in waiters.drain(..) {
-                let _ = w.try_send(());
+        let Some((_, parts)) = self.parts.get() else {
+            return;
+        };
+        for part in parts {
+            for (_, waiters) in lock(&part.0).values_mut().flat_map(|t| t.values_mut()) {
+                for w in waiters.drain(..) {
+                    let _ = w.try_send(());
+                }
             }
         }
     }
@@ -520,6 +557,17 @@ mod tests {
     #[test]
     fn arrivals_count_per_queue_and_signal_their_waiters() {
         let a = Arrivals::default();
+        // Before the store is open nothing counts, and a pull looks again at once.
+        a.arrived("T", 1);
+        assert!(a.subscribe("T", 1, 0).try_recv().is_ok());
+        let ownership = crate::shard::Ownership::CURRENT;
+        a.count_for(ownership, 2);
+        // Queues of both shards' parts below.
+        let owners: Vec<usize> = [("T", 1), ("T", 2), ("U", 1), ("U", 2)]
+            .iter()
+            .map(|(t, q)| ownership.shard_of(t, *q, 2))
+            .collect();
+        assert!(owners.contains(&0) && owners.contains(&1), "{owners:?}");
         assert_eq!(a.seq("T", 1), 0);
         let held = a.subscribe("T", 1, 0);
         let other = a.subscribe("U", 1, 0);

@@ -169,7 +169,7 @@ pub(crate) async fn process_send(
     conn: &There,
 ) -> Outcome {
     guarded(st, code, oneway, to, async {
-        st.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        st.metrics.request(local_shard());
         tracing::trace!(
             code,
             opaque = to.opaque,
@@ -194,7 +194,7 @@ pub(crate) async fn process_pull(
     view: Option<ShardView>,
 ) -> Outcome {
     guarded(st, code, oneway, to, async {
-        st.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        st.metrics.request(local_shard());
         tracing::trace!(code, opaque = to.opaque, ?header, "request");
         let outcome = pull_message::pull(st, code, to, header, view).await;
         if oneway { Outcome::NoReply } else { outcome }
@@ -321,7 +321,7 @@ async fn dispatch(
     peer: SocketAddr,
     view: Option<ShardView>,
 ) -> Outcome {
-    st.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    st.metrics.request(local_shard());
     let oneway = req.is_oneway();
     tracing::trace!(code = req.code, opaque = req.opaque, fields = ?req.ext_fields, body = req.body.len(), "request");
     let to = ReplyTo::of(&req);
@@ -418,6 +418,11 @@ thread_local! {
 /// Sets (or clears) this thread's shard context.
 pub(crate) fn set_local_shard(ctx: Option<crate::shard::ShardContext>) {
     LOCAL_SHARD.with(|c| *c.borrow_mut() = ctx);
+}
+
+/// The shard this thread runs (`None`: not a shard executor serving connections).
+fn local_shard() -> Option<usize> {
+    LOCAL_SHARD.with(|c| c.borrow().as_ref().map(|ctx| ctx.shard))
 }
 
 /// This thread's store, when this thread is the shard owning `(topic, queue_id)`.

@@ -234,8 +234,9 @@ async fn pull_once(st: &NodeState, to: ReplyTo, a: &PullArgs) -> Reply {
     if code == SUCCESS {
         let shard = st.handle.shard_of(&a.topic, a.queue_id);
         let total: usize = records.iter().map(Bytes::len).sum();
-        st.metrics.gets[shard].fetch_add(records.len() as u64, Ordering::Relaxed);
-        st.metrics.get_bytes[shard].fetch_add(total as u64, Ordering::Relaxed);
+        let m = st.metrics.shard(shard);
+        m.gets.fetch_add(records.len() as u64, Ordering::Relaxed);
+        m.get_bytes.fetch_add(total as u64, Ordering::Relaxed);
     }
     // The records go to the socket as the store's buffers (`Reply::encode_into`).
     Reply::Pull(PullReply {

@@ -441,8 +441,9 @@ impl Stored<'_> {
         if !result.status.is_stored() {
             return Err(reject(code, remark.unwrap_or_default()));
         }
-        st.metrics.puts[shard].fetch_add(n, Ordering::Relaxed);
-        st.metrics.put_bytes[shard].fetch_add(bytes, Ordering::Relaxed);
+        let m = st.metrics.shard(shard);
+        m.puts.fetch_add(n, Ordering::Relaxed);
+        m.put_bytes.fetch_add(bytes, Ordering::Relaxed);
         if !transactional {
             st.arrivals.arrived(topic, queue_id);
         }
