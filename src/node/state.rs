@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,10 +65,38 @@ pub const ROCKETMQ_DEFAULT_QUEUE_NUMS: i32 = 16;
 /// setting `writeQueueNums` 0; sends to it are refused). A count that is not a whole
 /// number within 0..=`i32::MAX`, or an entry that is not an object, refuses the load
 /// with an error naming the file, topic and field.
+///
+/// Every send reads its topic's entry: each thread reads a copy of its own
+/// ([`TOPIC_COPIES`]) while `version`, bumped by every change, stays where it was, so the
+/// shards do not take one lock (and move its cache line between their CPUs) per send.
 pub struct Topics {
     path: PathBuf,
     table: Mutex<BTreeMap<String, TopicConf>>,
+    /// Moves after every change of `table`, inside its lock.
+    version: AtomicU64,
+    /// Which table a thread's copies are of (tests run several nodes in one process).
+    id: u64,
 }
+
+/// This thread's copies of topic entries: the table they came from, its version then,
+/// and the entries read since.
+struct TopicCopies {
+    id: u64,
+    version: u64,
+    entries: ahash::AHashMap<String, TopicConf>,
+}
+
+thread_local! {
+    static TOPIC_COPIES: std::cell::RefCell<TopicCopies> =
+        std::cell::RefCell::new(TopicCopies {
+            id: 0,
+            version: 0,
+            entries: ahash::AHashMap::new(),
+        });
+}
+
+/// Ids of [`Topics`] tables, from 1 (0: no table).
+static NEXT_TOPICS_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Topics {
     pub fn load(config_dir: &Path) -> Result<Topics> {
@@ -86,11 +114,36 @@ impl Topics {
         Ok(Topics {
             path,
             table: Mutex::new(table),
+            version: AtomicU64::new(0),
+            id: NEXT_TOPICS_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
     pub fn get(&self, topic: &str) -> Option<TopicConf> {
-        lock(&self.table).get(topic).copied()
+        // Read before the table: a change after this moves the version past it, so a
+        // copy taken now is dropped at the next read.
+        let version = self.version.load(Ordering::Acquire);
+        TOPIC_COPIES.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.id != self.id || c.version != version {
+                c.id = self.id;
+                c.version = version;
+                c.entries.clear();
+            }
+            if let Some(conf) = c.entries.get(topic) {
+                return Some(*conf);
+            }
+            let conf = lock(&self.table).get(topic).copied();
+            if let Some(conf) = conf {
+                c.entries.insert(topic.to_string(), conf);
+            }
+            conf
+        })
+    }
+
+    /// Marks the table changed (inside its lock, after the change).
+    fn changed(&self) {
+        self.version.fetch_add(1, Ordering::Release);
     }
 
     /// Creates or replaces a topic's settings and persists the table.
@@ -98,6 +151,7 @@ impl Topics {
         let snapshot = {
             let mut t = lock(&self.table);
             t.insert(topic.to_string(), conf);
+            self.changed();
             self.to_json(&t)
         };
         write_json(&self.path, &snapshot)
@@ -111,6 +165,7 @@ impl Topics {
             if t.remove(topic).is_none() {
                 return Ok(false);
             }
+            self.changed();
             self.to_json(&t)
         };
         write_json(&self.path, &snapshot)?;
@@ -134,6 +189,7 @@ impl Topics {
                 return Ok(());
             }
             *t = table;
+            self.changed();
             self.to_json(&t)
         };
         write_json(&self.path, &snapshot)
@@ -584,6 +640,45 @@ mod tests {
         assert!(other.try_recv().is_err());
         a.wake_all();
         assert!(other.try_recv().is_ok());
+    }
+
+    /// A thread reads its own copy of an entry, and every change (put, remove, a
+    /// master's table) shows at the next read on every thread; two tables in one
+    /// process keep apart.
+    #[test]
+    fn topic_reads_see_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Topics::load(dir.path()).unwrap();
+        let other = Topics::load(tempfile::tempdir().unwrap().path()).unwrap();
+        let conf = |n| TopicConf {
+            read_queue_nums: n,
+            write_queue_nums: n,
+            perm: 6,
+        };
+        assert_eq!(t.get("T"), None);
+        t.put("T", conf(4)).unwrap();
+        other.put("T", conf(9)).unwrap();
+        assert_eq!(t.get("T"), Some(conf(4)));
+        assert_eq!(other.get("T"), Some(conf(9)));
+        assert_eq!(
+            t.get("T"),
+            Some(conf(4)),
+            "a copy of the other table's entry"
+        );
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(t.get("T"), Some(conf(4))));
+        });
+        t.put("T", conf(8)).unwrap();
+        assert_eq!(t.get("T"), Some(conf(8)));
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(t.get("T"), Some(conf(8))));
+        });
+        assert!(t.remove("T").unwrap());
+        assert_eq!(t.get("T"), None);
+        t.replace_all(BTreeMap::from([("T".to_string(), conf(2))]))
+            .unwrap();
+        assert_eq!(t.get("T"), Some(conf(2)));
+        assert_eq!(other.get("T"), Some(conf(9)));
     }
 
     fn load(table: Value) -> Result<Topics> {
