@@ -27,7 +27,8 @@
 #        (4 connections x 64 outstanding), batched sends (32 per SEND_BATCH_MESSAGE),
 #        one send in flight, and a pull read-back (32 per request), with the node's
 #        CPU per message (from /proc/<pid>/stat) next to the embedded put's CPU per
-#        message, a loopback TCP echo round trip (and its server's CPU per round
+#        message (single sends and the embedded put in three interleaved rounds, each
+#        side at its median round), a loopback TCP echo round trip (and its server's CPU per round
 #        trip) and the embedded catch-up rate, all measured in the same run; and the
 #        node's CPU per message at 1k, 3k, 10k, 30k and 100k msg/s offered
 #        (bench-results/s10-cpu-vs-rate.svg). The node runs with shard ports
@@ -333,6 +334,18 @@ node_cpu() {
     if [ -n "$v" ]; then echo "$v"
     else awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$node_pid/stat"; fi
 }
+# median_round NAME FIELD: NAME.json is the round (NAME-1..3.json) whose FIELD is the
+# median, with every round's FIELD added as `rounds` (a failed round counts as missing).
+median_round() {
+    local name="$1" field="$2" pick
+    pick=$(for k in 1 2 3; do
+        v=$(jq -r "if .ok == false then empty else $field // empty end" "$detail/$name-$k.json" 2>/dev/null)
+        [ -n "$v" ] && echo "$v $k"
+    done | sort -g | awk '{v[NR] = $2} END {if (NR) print v[int((NR + 1) / 2)]}')
+    if [ -z "$pick" ]; then pick=1; fi
+    jq --argjson rounds "$(for k in 1 2 3; do jq "$field // null" "$detail/$name-$k.json" 2>/dev/null || echo null; done | jq -s .)" \
+        '. + {rounds: $rounds}' "$detail/$name-$pick.json" >"$detail/$name.json"
+}
 # quiesce: wait (at most 10 s) until the node uses under 5% of a core over 250 ms, so
 # the background work an earlier run left (flushes of the gigabytes a batched run wrote)
 # is not counted as the next run's CPU.
@@ -385,8 +398,6 @@ remote_run() {
 s10_rates=(1000 3000 10000 30000 100000)
 s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
 if want 10; then
-    run s10-embedded "embedded async puts, 1 KiB, 8 queues" \
-        --duration "$secs" --body 1024 --queues 8
     bench_run s10-catch-up-write "catch-up log: $s10_msgs x 1 KiB" "$work/s10-store" \
         --messages "$s10_msgs" --body 1024 --queues 8
     bench_run s10-catch-up "catch-up read, 8 queues, 32 per get" "$work/s10-store" \
@@ -420,8 +431,19 @@ if want 10; then
     # A light load (issue 22): 1,000 sends a second offered, one producer.
     remote_run s10-rate1k "node: 1,000 msg/s offered, 1 KiB" "127.0.0.1:$port" --follow-route \
         --duration "$secs" --body 1024 --queues 8 --producers 1 --outstanding 8 --rate 1000
-    remote_run s10-single "node: single sends, 1 KiB, 4 x 64 outstanding" "127.0.0.1:$port" \
-        --follow-route --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
+    # Issue 20's ratio: the node's single sends against the embedded put, three rounds
+    # interleaved (the idle node waits while the embedded store runs), each side taken at
+    # its median round: one run of either moved by a third between minutes of this shared
+    # machine, and the ratio of two runs minutes apart with it (2.08 and 3.12 in one hour).
+    for k in 1 2 3; do
+        run "s10-embedded-$k" "embedded async puts, 1 KiB, 8 queues (round $k)" \
+            --duration "$secs" --body 1024 --queues 8
+        remote_run "s10-single-$k" "node: single sends, 1 KiB, 4 x 64 outstanding (round $k)" \
+            "127.0.0.1:$port" --follow-route --duration "$secs" --body 1024 --queues 8 \
+            --producers 4 --outstanding 64
+    done
+    median_round s10-embedded .cpu_us_per_message
+    median_round s10-single .node_cpu_us_per_message
     remote_run s10-single-routed "node's own port: single sends, 1 KiB, 4 x 64 outstanding" \
         "127.0.0.1:$port" --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
     remote_run s10-batch "node: batched sends, 32 x 1 KiB, 4 x 8 outstanding" "127.0.0.1:$port" \
@@ -742,7 +764,8 @@ s9_ratio() {
 }
 s10_result() {
     echo "single: $(fmt "$(j s10-single .messages_per_sec)") msg/s, node $(fmt "$(j s10-single .node_cpu_us_per_message)" 2) µs CPU/msg" \
-        "(client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); on the node's own port (routed):" \
+        "(median of rounds $(j s10-single '[.rounds[]? // 0 | . * 100 | round / 100] | map(tostring) | join(", ")');" \
+        "client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); on the node's own port (routed):" \
         "$(fmt "$(j s10-single-routed .messages_per_sec)") msg/s, node $(fmt "$(j s10-single-routed .node_cpu_us_per_message)" 2) µs CPU/msg; batched: $(fmt "$(j s10-batch .messages_per_sec)") msg/s," \
         "node $(fmt "$(j s10-batch .node_cpu_us_per_message)" 2) µs CPU/msg; one in flight: p50 $(fmt "$(j s10-one .send_latency_us.p50)") µs," \
         "p99 $(fmt "$(j s10-one .send_latency_us.p99)") µs, node $(fmt "$(j s10-one .node_cpu_us_per_message)" 1) µs CPU/msg;" \
@@ -754,7 +777,8 @@ s10_result() {
         "(falls as load grows: $(j s10-cpu-vs-rate '.falls_as_load_grows | tostring'))"
 }
 s10_baseline() {
-    echo "embedded put $(fmt "$(j s10-embedded .cpu_us_per_message)" 2) µs CPU/msg;" \
+    echo "embedded put $(fmt "$(j s10-embedded .cpu_us_per_message)" 2) µs CPU/msg" \
+        "(median of rounds $(j s10-embedded '[.rounds[]? // 0 | . * 100 | round / 100] | map(tostring) | join(", ")'));" \
         "echo p50 $(fmt "$(j s10-echo .send_latency_us.p50)") µs, echo server $(fmt "$(j s10-echo '.echo_server_cpu_us_per_message // 0')" 1) µs CPU/msg;" \
         "embedded catch-up $(fmt "$(j s10-catch-up .messages_per_sec)") msg/s"
 }
