@@ -445,7 +445,7 @@ impl Stored<'_> {
         m.puts.fetch_add(n, Ordering::Relaxed);
         m.put_bytes.fetch_add(bytes, Ordering::Relaxed);
         if !transactional {
-            st.arrivals.arrived(topic, queue_id);
+            st.arrivals.arrived_on(Some(shard), topic, queue_id);
         }
         let mut ids = ids;
         if !batch {
