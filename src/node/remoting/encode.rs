@@ -187,8 +187,8 @@ fn json_header(out: &mut Vec<u8>, head: &FrameHead<'_>) {
     let mut order = [0usize; MAX_FIELDS];
     let mut kept = 0;
     // Fields given in strictly ascending key order (the node's answers are) are
-    // written as given: one compare per field instead of a search and a sort (about
-    // half of a send answer's encoding, benches/headers.rs).
+    // written as given: one compare per field instead of a search and a sort (192 -> 172
+    // ns per send answer, benches/headers.rs).
     let sorted = head.fields.windows(2).all(|w| w[0].0 < w[1].0);
     for i in 0..n {
         if sorted {
