@@ -504,12 +504,15 @@ fn route_send_pull_offsets_queries(network: Network) {
     let mut text = String::new();
     m.read_to_string(&mut text).unwrap();
     assert!(text.contains("coremq_puts_total{shard="), "{text}");
+    // An unlabelled series' value.
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}\n{text}"))
+    };
     // The process's CPU (getrusage): the node in this test process has worked.
-    let cpu: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no process_cpu_seconds_total\n{text}"));
+    let cpu = value("process_cpu_seconds_total");
     assert!(cpu > 0.0, "process_cpu_seconds_total {cpu}");
     // Put latency histogram: the +Inf bucket counts every put of that shard.
     let inf: u64 = text
@@ -534,12 +537,8 @@ fn route_send_pull_offsets_queries(network: Network) {
         series("coremq_log_written_offset{"),
         "{text}"
     );
-    let requests: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("coremq_requests_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no coremq_requests_total\n{text}"));
-    assert!(requests > 0, "requests {requests}\n{text}");
+    let requests = value("coremq_requests_total");
+    assert!(requests > 0.0, "requests {requests}\n{text}");
     // Log positions per shard, flushed never ahead of written.
     for name in [
         "coremq_log_written_offset",

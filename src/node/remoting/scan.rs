@@ -23,6 +23,7 @@
 
 use super::headers::{Collect, Typed, Want};
 use super::{BINARY_FIXED_LEN, SerializeType};
+use std::ops::Range;
 
 /// The header is not one this view reads exactly as the general decoder: use that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,7 +190,7 @@ impl<'a> HeaderView<'a> {
                     None => ExtFields::Done,
                 }
             }
-            Ext::Binary(bytes) => ExtFields::Binary(bytes),
+            Ext::Binary(bytes) => ExtFields::Binary(bytes, 0),
         }
     }
 }
@@ -199,7 +200,8 @@ pub enum ExtFields<'a> {
     Done,
     /// The lexer, and whether the next field is the first.
     Json(Lex<'a>, bool),
-    Binary(&'a [u8]),
+    /// The ext fields, and where the next one starts.
+    Binary(&'a [u8], usize),
 }
 
 impl<'a> Iterator for ExtFields<'a> {
@@ -213,7 +215,10 @@ impl<'a> Iterator for ExtFields<'a> {
                 *first = false;
                 f
             }
-            ExtFields::Binary(rest) => binary_next_field(rest),
+            // `None` at the end or on damage (which the parse already ruled out).
+            ExtFields::Binary(ext, at) => (*at < ext.len())
+                .then(|| binary_field(ext, at, &|r| checked_text(ext, r)).ok())
+                .flatten(),
         };
         if item.is_none() {
             *self = ExtFields::Done;
@@ -623,51 +628,56 @@ fn utf8<'a>(buf: &mut &'a [u8], len: usize) -> Scan<&'a str> {
     std::str::from_utf8(take(buf, len)?).map_err(|_| Declined)
 }
 
-/// One ext field from the front of `rest` (`None` at the end or on damage, which the
-/// parse already ruled out).
-fn binary_field<'a>(rest: &mut &'a [u8]) -> Scan<ExtField<'a>> {
-    let klen = usize::try_from(be_i16(rest)?).map_err(|_| Declined)?;
-    let key = utf8(rest, klen)?;
-    let vlen = usize::try_from(be_i32(rest)?).map_err(|_| Declined)?;
-    let value = utf8(rest, vlen)?;
-    Ok(ExtField {
-        key,
-        value: Some(Text::plain(value)),
-    })
-}
-
-/// [`binary_field`] at `*at` in ext fields that are UTF-8 as a whole.
-fn binary_field_in<'a>(text: &'a str, at: &mut usize) -> Scan<ExtField<'a>> {
-    /// A big-endian length of `n` bytes at `*at`, refused when its sign bit is set.
-    fn length(b: &[u8], at: &mut usize, n: usize) -> Scan<usize> {
-        let bytes = b.get(*at..*at + n).ok_or(Declined)?;
+/// The ext field at `*at` of `ext` (a binary header's ext fields): key length (i16) and
+/// key, value length (i32) and value, big-endian; a negative length is declined.
+/// `text_of` gives the text of a range of `ext` (`None`: not UTF-8, or out of range).
+fn binary_field<'a>(
+    ext: &'a [u8],
+    at: &mut usize,
+    text_of: &impl Fn(Range<usize>) -> Option<&'a str>,
+) -> Scan<ExtField<'a>> {
+    let length = |at: &mut usize, n: usize| -> Scan<usize> {
+        let bytes = ext.get(*at..*at + n).ok_or(Declined)?;
         *at += n;
         if bytes[0] & 0x80 != 0 {
             return Err(Declined);
         }
         Ok(bytes.iter().fold(0usize, |v, &x| v << 8 | x as usize))
-    }
-    fn slice<'a>(text: &'a str, at: &mut usize, n: usize) -> Scan<&'a str> {
-        let s = text.get(*at..*at + n).ok_or(Declined)?;
+    };
+    let text = |at: &mut usize, n: usize| -> Scan<&'a str> {
+        let s = text_of(*at..*at + n).ok_or(Declined)?;
         *at += n;
         Ok(s)
-    }
-    let b = text.as_bytes();
-    let klen = length(b, at, 2)?;
-    let key = slice(text, at, klen)?;
-    let vlen = length(b, at, 4)?;
-    let value = slice(text, at, vlen)?;
+    };
+    let klen = length(at, 2)?;
+    let key = text(at, klen)?;
+    let vlen = length(at, 4)?;
+    let value = text(at, vlen)?;
     Ok(ExtField {
         key,
         value: Some(Text::plain(value)),
     })
 }
 
-fn binary_next_field<'a>(rest: &mut &'a [u8]) -> Option<ExtField<'a>> {
-    if rest.is_empty() {
-        return None;
+/// The text of `ext[range]`, checked on its own.
+fn checked_text(ext: &[u8], range: Range<usize>) -> Option<&str> {
+    ext.get(range).and_then(|b| std::str::from_utf8(b).ok())
+}
+
+/// Hands every ext field of `ext` (a binary header's, inside `header`) to `collect`.
+fn collect_binary<'a>(
+    header: &[u8],
+    ext: &'a [u8],
+    collect: &mut Collect,
+    text_of: impl Fn(Range<usize>) -> Option<&'a str>,
+) -> Scan<()> {
+    let (mut at, mut pos) = (0, 0);
+    while at < ext.len() {
+        let f = binary_field(ext, &mut at, &text_of)?;
+        collect.field(pos, f.key, f.value, header, false);
+        pos += 1;
     }
-    binary_field(rest).ok()
+    Ok(())
 }
 
 /// Reads a binary header, collecting its ext fields into `collect`; returns the view
@@ -696,28 +706,12 @@ fn parse_binary<'a>(
     let ext = take(&mut c, ext_len)?;
     collect.reset(want(code));
     // Checked as UTF-8 once, each key and value then sliced out of it (a char-boundary
-    // check, the same answer as a check of each; a third of a binary header's read
-    // when checked one by one). Not UTF-8 as a whole (a length byte can make it so):
-    // field by field.
+    // check, the same answer as a check of each; checked one by one they were a third of
+    // a binary header's read). A length byte can make the whole not UTF-8: then each is
+    // checked on its own.
     match std::str::from_utf8(ext) {
-        Ok(text) => {
-            let mut at = 0;
-            let mut pos = 0;
-            while at < text.len() {
-                let f = binary_field_in(text, &mut at)?;
-                collect.field(pos, f.key, f.value, header, false);
-                pos += 1;
-            }
-        }
-        Err(_) => {
-            let mut check = ext;
-            let mut pos = 0;
-            while !check.is_empty() {
-                let f = binary_field(&mut check)?;
-                collect.field(pos, f.key, f.value, header, false);
-                pos += 1;
-            }
-        }
+        Ok(text) => collect_binary(header, ext, collect, |r| text.get(r))?,
+        Err(_) => collect_binary(header, ext, collect, |r| checked_text(ext, r))?,
     }
     let view = HeaderView {
         code,
