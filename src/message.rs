@@ -1,6 +1,6 @@
 //! The public message types and the statuses of puts and gets.
 
-use crate::format::msg_id::MessageId;
+use crate::format::msg_id::{MessageId, MessageIds};
 use crate::format::properties;
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -153,7 +153,7 @@ pub struct PutResult {
     /// Queue offset of the (first) message.
     pub queue_offset: QueueOffset,
     /// Offset message id of each stored record.
-    pub msg_ids: Vec<MessageId>,
+    pub msg_ids: MessageIds,
     pub store_timestamp_ms: i64,
 }
 
@@ -164,7 +164,7 @@ impl PutResult {
             log_offset: 0,
             wrote_bytes: 0,
             queue_offset: 0,
-            msg_ids: Vec::new(),
+            msg_ids: MessageIds::new(),
             store_timestamp_ms: 0,
         }
     }

@@ -54,6 +54,99 @@ impl std::fmt::Display for MessageId {
     }
 }
 
+/// The message ids of one put, one per stored record: a single put's one id is kept
+/// inline (a put then allocates nothing for its ids, and a put answered on another
+/// thread frees nothing there), a batch's in a `Vec`. Reads as a slice (`Deref`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct MessageIds(Ids);
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Ids {
+    #[default]
+    None,
+    One(MessageId),
+    Many(Vec<MessageId>),
+}
+
+impl MessageIds {
+    pub fn new() -> MessageIds {
+        MessageIds(Ids::None)
+    }
+
+    /// Room for `n` ids (a `Vec` only when `n > 1`).
+    pub fn with_capacity(n: usize) -> MessageIds {
+        match n {
+            0 | 1 => MessageIds(Ids::None),
+            n => MessageIds(Ids::Many(Vec::with_capacity(n))),
+        }
+    }
+
+    pub fn push(&mut self, id: MessageId) {
+        match &mut self.0 {
+            Ids::None => self.0 = Ids::One(id),
+            Ids::One(first) => self.0 = Ids::Many(vec![*first, id]),
+            Ids::Many(v) => v.push(id),
+        }
+    }
+
+    /// Keeps the first `n` ids.
+    pub fn truncate(&mut self, n: usize) {
+        if n < self.len() {
+            *self = MessageIds::from(self[..n].to_vec());
+        }
+    }
+
+    pub fn as_slice(&self) -> &[MessageId] {
+        match &self.0 {
+            Ids::None => &[],
+            Ids::One(id) => std::slice::from_ref(id),
+            Ids::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for MessageIds {
+    type Target = [MessageId];
+
+    fn deref(&self) -> &[MessageId] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for MessageIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl From<Vec<MessageId>> for MessageIds {
+    fn from(v: Vec<MessageId>) -> MessageIds {
+        match v.as_slice() {
+            [] => MessageIds(Ids::None),
+            [one] => MessageIds(Ids::One(*one)),
+            _ => MessageIds(Ids::Many(v)),
+        }
+    }
+}
+
+impl FromIterator<MessageId> for MessageIds {
+    fn from_iter<I: IntoIterator<Item = MessageId>>(iter: I) -> MessageIds {
+        let iter = iter.into_iter();
+        let mut ids = MessageIds::with_capacity(iter.size_hint().0);
+        iter.for_each(|id| ids.push(id));
+        ids
+    }
+}
+
+impl<'a> IntoIterator for &'a MessageIds {
+    type Item = &'a MessageId;
+    type IntoIter = std::slice::Iter<'a, MessageId>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +164,32 @@ mod tests {
         assert_eq!(MessageId::parse("xyz"), None);
         assert_eq!(MessageId::parse(&"G".repeat(32)), None);
         assert_eq!(MessageId::parse(&"+0".repeat(16)), None);
+    }
+
+    #[test]
+    fn ids_inline_one_then_spill() {
+        let id = |offset| MessageId {
+            store_host: "127.0.0.1:10911".parse().unwrap(),
+            offset,
+        };
+        let mut ids = MessageIds::with_capacity(1);
+        assert!(ids.is_empty());
+        ids.push(id(1));
+        assert_eq!(&ids[..], &[id(1)]);
+        assert!(matches!(ids.0, Ids::One(_)), "one id is kept inline");
+        ids.push(id(2));
+        ids.push(id(3));
+        assert_eq!(&ids[..], &[id(1), id(2), id(3)]);
+        ids.truncate(1);
+        assert_eq!(ids.0, Ids::One(id(1)));
+        assert_eq!(MessageIds::from(vec![id(4)]).0, Ids::One(id(4)));
+        assert_eq!(
+            (1..4).map(id).collect::<MessageIds>(),
+            MessageIds::from(vec![id(1), id(2), id(3)])
+        );
+        assert_eq!(
+            format!("{:?}", MessageIds::from(vec![id(5)])),
+            format!("{:?}", [id(5)])
+        );
     }
 }

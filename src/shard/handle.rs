@@ -7,9 +7,11 @@
 //! request, [`serve`] is the shard's end.
 //!
 //! * **Transport.** Each shard reads a bounded flume channel (its inbox): a request
-//!   is one boxed job holding the operation's closure, its owned arguments and the
-//!   reply's sending end; on the shard it starts the work as a task, so a slow
-//!   request does not hold up the next. The shard drains its inbox in batches (one
+//!   is its reply slot (`reply.rs`), which holds the operation's closure and owned
+//!   arguments until the shard takes them out: one allocation per hop, made and
+//!   usually freed by the caller (a boxed job, freed by the shard, was a second one
+//!   and took the caller's glibc arena lock). On the shard it starts the work as a
+//!   task, so a slow request does not hold up the next. The shard drains its inbox in batches (one
 //!   wake of its serving task for everything queued meanwhile). A sender wakes the
 //!   shard's executor only when it is parked (glommio's foreign waker writes its
 //!   eventfd only then). The reply comes back in a one-shot slot (`reply.rs`). A
@@ -31,7 +33,7 @@
 
 use super::ops::Route;
 use super::ownership::Ownership;
-use super::reply::{self, ReplyReceiver};
+use super::reply::{self, ReplyReceiver, ReplySender, Slot};
 use super::wait;
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -43,13 +45,66 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// Called on the shard's thread with its store; starts the request there as a task.
-type Job = Box<dyn FnOnce(&Store) + Send>;
+/// Called on the shard's thread with its store; starts the work there as a task
+/// that answers nobody (`Handle::spawn_on`).
+type Spawn = Box<dyn FnOnce(&Store) + Send>;
 
 pub(super) enum Request {
+    /// An operation and its reply slot (`Handle::run_at`).
     Job(Job),
+    Spawn(Spawn),
     /// Shut the shard's store down, answer, and stop serving.
     Shutdown(flume::Sender<Result<()>>),
+}
+
+/// A request's reply slot with its operation inside, as the shard's inbox carries it.
+/// Dropped unstarted (the shard gone), it closes the slot so the caller hears of it.
+pub(super) struct Job(Option<Arc<dyn Start>>);
+
+/// What the shard does with a [`Job`]; implemented by every slot that carries an
+/// operation on the shard's store.
+pub(super) trait Start: Send + Sync {
+    /// Starts the operation as a task on this shard; its result fills the slot.
+    fn start(self: Arc<Self>, store: &Store);
+    /// Closes the slot of an operation that will never start.
+    fn abandon(&self);
+}
+
+impl Job {
+    fn run(mut self, store: &Store) {
+        if let Some(start) = self.0.take() {
+            start.start(store);
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(start) = self.0.take() {
+            start.abandon();
+        }
+    }
+}
+
+impl<T, F> Start for Slot<T, F>
+where
+    T: Send + 'static,
+    F: AsyncFnOnce(&Store) -> T + Send + 'static,
+{
+    fn start(self: Arc<Self>, store: &Store) {
+        let mut reply = ReplySender::from_slot(self);
+        let f = reply.take_job();
+        let store = store.clone();
+        let task = async move {
+            // A caller that gave up dropped its end; the value goes with it.
+            reply.send(f(&store).await);
+        };
+        glommio::spawn_local(task).detach();
+    }
+
+    fn abandon(&self) {
+        Slot::abandon(self);
+    }
 }
 
 /// A shard's end of its request channel.
@@ -166,16 +221,9 @@ impl Route for Handle {
         let args = args.to_owned();
         async move {
             let tx = self.inbox_of(shard)?;
-            let (reply, answer) = reply::channel();
-            let job: Job = Box::new(move |store: &Store| {
-                let store = store.clone();
-                let task = async move {
-                    // A caller that gave up dropped its end; the value goes with it.
-                    reply.send(f(&store, args.borrow()).await);
-                };
-                glommio::spawn_local(task).detach();
-            });
-            tx.send_async(Request::Job(job))
+            let call = async move |store: &Store| f(store, args.borrow()).await;
+            let (slot, answer) = reply::request(call);
+            tx.send_async(Request::Job(Job(Some(slot))))
                 .await
                 .map_err(|_| gone(shard))?;
             let cpu = self.shared.cpus[shard].load(Ordering::Relaxed);
@@ -193,15 +241,15 @@ impl Route for Handle {
 /// A caller waiting for its reply: tells `wait` how long it may spin first, and
 /// records how long the reply took (`wait.rs`). `None`: the shard dropped the
 /// request (its thread is gone).
-struct Awaiting<T> {
-    answer: ReplyReceiver<T>,
+struct Awaiting<T, J> {
+    answer: ReplyReceiver<T, J>,
     /// When it first went pending (`wait::now_ns`).
     since_ns: Option<u64>,
     spin: Duration,
     answer_cpu: Option<usize>,
 }
 
-impl<T> Future for Awaiting<T> {
+impl<T, J> Future for Awaiting<T, J> {
     type Output = Option<T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
@@ -246,7 +294,15 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
         while let Some(req) = next.take().or_else(|| inbox.try_recv().ok()) {
             match req {
                 Request::Job(job) => {
-                    job(&store);
+                    job.run(&store);
+                    jobs += 1;
+                    if jobs % HELD_JOBS == 0 {
+                        drop(held);
+                        held = reply::hold_wakes();
+                    }
+                }
+                Request::Spawn(spawn) => {
+                    spawn(&store);
                     jobs += 1;
                     if jobs % HELD_JOBS == 0 {
                         drop(held);
@@ -295,10 +351,10 @@ impl Handle {
         Fut: Future<Output = ()> + 'static,
     {
         let tx = self.inbox_of(shard)?;
-        let job: Job = Box::new(move |store: &Store| {
+        let spawn: Spawn = Box::new(move |store: &Store| {
             glommio::spawn_local(f(store.clone())).detach();
         });
-        tx.send_async(Request::Job(job))
+        tx.send_async(Request::Spawn(spawn))
             .await
             .map_err(|_| gone(shard))
     }

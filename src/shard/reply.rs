@@ -16,6 +16,11 @@
 //!   waker under the same lock after publishing).
 //! * [`ReplyReceiver::sent_at`]: when the value was published (a monotonic clock in
 //!   nanoseconds), for the callers' adaptive spin (`wait.rs`): how long replies take.
+//! * **The request travels in the reply's allocation** ([`request`]): a hop's job
+//!   (the operation and its arguments) waits in the slot until the shard takes it out,
+//!   so a hop allocates once, on the caller's thread, and the caller, who usually lets
+//!   go of the slot last, frees it there (a boxed job freed by the shard took the
+//!   caller's glibc arena lock on every hop).
 //! * **Wakes held for a batch** ([`hold_wakes`]): while the shard
 //!   runs a batch of requests taken from its inbox, the callers' wakers are collected
 //!   and woken once the batch is done, not one by one. A thread with many requests
@@ -37,7 +42,7 @@ const CLOSED: u8 = 2;
 /// The value was taken by the receiver (a second poll after `Ready` is a bug).
 const TAKEN: u8 = 3;
 
-struct Slot<T> {
+pub(super) struct Slot<T, J = ()> {
     state: AtomicU8,
     /// Written once by the sender before `state` becomes `SENT`; read once by the
     /// receiver after it sees `SENT`.
@@ -45,40 +50,50 @@ struct Slot<T> {
     waker: Mutex<Option<Waker>>,
     /// `wait::now_ns()` when the value was published.
     sent_at_ns: AtomicU64,
+    /// The request this reply answers (`request`): put in before the slot is shared,
+    /// taken out once by the sending end ([`ReplySender::take_job`]); the receiver
+    /// never touches it.
+    job: UnsafeCell<Option<J>>,
 }
 
 // SAFETY: `value` is written only by the one sender before it publishes `SENT`
 // (Release) and read only by the one receiver after it observed `SENT` (Acquire);
-// the state word hands it over, so no two threads touch it at once. `T: Send` moves
-// it between threads.
-unsafe impl<T: Send> Sync for Slot<T> {}
-// SAFETY: as above; the slot owns a `T`, which may move to the receiver's thread.
-unsafe impl<T: Send> Send for Slot<T> {}
+// the state word hands it over, so no two threads touch it at once. `job` is written
+// before the slot is shared and taken only by the sending end, which exists once
+// (the request's hand-over to the shard, a channel, orders the two). `T: Send` and
+// `J: Send` move them between threads.
+unsafe impl<T: Send, J: Send> Sync for Slot<T, J> {}
+// SAFETY: as above; the slot owns a `T` and a `J`, which may move between threads.
+unsafe impl<T: Send, J: Send> Send for Slot<T, J> {}
 
 /// The shard's end.
-pub(super) struct ReplySender<T> {
-    slot: Option<Arc<Slot<T>>>,
+pub(super) struct ReplySender<T, J = ()> {
+    slot: Option<Arc<Slot<T, J>>>,
 }
 
 /// The caller's end: a future of the value, or `None` when the sender was dropped
 /// unsent.
-pub(super) struct ReplyReceiver<T> {
-    slot: Arc<Slot<T>>,
+pub(super) struct ReplyReceiver<T, J = ()> {
+    slot: Arc<Slot<T, J>>,
 }
 
-pub(super) fn channel<T>() -> (ReplySender<T>, ReplyReceiver<T>) {
+#[cfg(test)]
+fn channel<T>() -> (ReplySender<T>, ReplyReceiver<T>) {
+    let (slot, receiver) = request(());
+    (ReplySender::from_slot(slot), receiver)
+}
+
+/// A reply slot carrying `job`, the request it answers: the slot for the shard (made
+/// its sending end there by [`ReplySender::from_slot`]) and the caller's end.
+pub(super) fn request<T, J>(job: J) -> (Arc<Slot<T, J>>, ReplyReceiver<T, J>) {
     let slot = Arc::new(Slot {
         state: AtomicU8::new(EMPTY),
         value: UnsafeCell::new(None),
         waker: Mutex::new(None),
         sent_at_ns: AtomicU64::new(0),
+        job: UnsafeCell::new(Some(job)),
     });
-    (
-        ReplySender {
-            slot: Some(slot.clone()),
-        },
-        ReplyReceiver { slot },
-    )
+    (slot.clone(), ReplyReceiver { slot })
 }
 
 thread_local! {
@@ -119,7 +134,13 @@ fn release_wakes() {
     }
 }
 
-impl<T> Slot<T> {
+impl<T, J> Slot<T, J> {
+    /// Closes a slot whose request was dropped unstarted (the shard gone): its caller
+    /// sees the shard as gone. Only for a slot no sending end was made of.
+    pub(super) fn abandon(&self) {
+        self.publish(CLOSED);
+    }
+
     /// Publishes `state` (SENT or CLOSED) and wakes the receiver if it waits (or
     /// holds its waker, see [`hold_wakes`]).
     fn publish(&self, state: u8) {
@@ -141,7 +162,19 @@ impl<T> Slot<T> {
     }
 }
 
-impl<T> ReplySender<T> {
+impl<T, J> ReplySender<T, J> {
+    /// The sending end of a slot made by [`request`]; one per slot.
+    pub(super) fn from_slot(slot: Arc<Slot<T, J>>) -> ReplySender<T, J> {
+        ReplySender { slot: Some(slot) }
+    }
+
+    /// The request the slot carries; taken once.
+    pub(super) fn take_job(&mut self) -> J {
+        let slot = self.slot.as_ref().expect("taken before the reply is sent");
+        // SAFETY: only this end touches `job`, and there is one (see `Slot`).
+        unsafe { (*slot.job.get()).take() }.expect("a request's job is taken once")
+    }
+
     /// Hands `value` to the caller (a caller that gave up drops it with the slot).
     pub(super) fn send(mut self, value: T) {
         let slot = self.slot.take().expect("a reply is sent once");
@@ -151,7 +184,7 @@ impl<T> ReplySender<T> {
     }
 }
 
-impl<T> Drop for ReplySender<T> {
+impl<T, J> Drop for ReplySender<T, J> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
             slot.publish(CLOSED);
@@ -159,7 +192,7 @@ impl<T> Drop for ReplySender<T> {
     }
 }
 
-impl<T> ReplyReceiver<T> {
+impl<T, J> ReplyReceiver<T, J> {
     /// When the reply was published (`wait::now_ns`), once it was.
     pub(super) fn sent_at_ns(&self) -> u64 {
         self.slot.sent_at_ns.load(Ordering::Relaxed)
@@ -180,7 +213,7 @@ impl<T> ReplyReceiver<T> {
     }
 }
 
-impl<T> Future for ReplyReceiver<T> {
+impl<T, J> Future for ReplyReceiver<T, J> {
     type Output = Option<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {

@@ -27,7 +27,7 @@
 
 use super::{Inner, State, Store, scheduled};
 use crate::config::{FlushMode, HaRole};
-use crate::format::msg_id::MessageId;
+use crate::format::msg_id::{MessageId, MessageIds};
 use crate::format::properties;
 use crate::format::record::{self, RecordFields};
 use crate::format::schedule::{Admission, Position};
@@ -294,7 +294,7 @@ impl Store {
         let base_q = if in_queue { queue.next_put.get() } else { 0 };
         let ts = inner.store_timestamp();
         let mut phys = placement.start;
-        let mut ids = Vec::with_capacity(msgs.len());
+        let mut ids = MessageIds::with_capacity(msgs.len());
         // Records are encoded straight into the write window.
         log.append_with(placement.start, total as usize, ts, |out| {
             let mut at = 0usize;

@@ -6,7 +6,7 @@
 //! (`Node::serve_request`) and the thread front end; both forms are the same bytes on
 //! the wire (unit tests below).
 
-use crate::format::msg_id::MessageId;
+use crate::format::msg_id::{MessageId, MessageIds};
 use crate::node::out_queue::OutQueue;
 use crate::node::remoting::encode::{FieldValue, FrameHead, encode_frame};
 use crate::node::remoting::{RemotingCommand, SerializeType, codes};
@@ -43,7 +43,7 @@ pub(crate) struct SendReply {
     pub code: i32,
     pub remark: Option<String>,
     /// One id per stored message (a batch's joined by commas).
-    pub ids: Vec<MessageId>,
+    pub ids: MessageIds,
     pub queue_id: i32,
     pub queue_offset: u64,
 }
@@ -228,21 +228,21 @@ mod tests {
             Reply::Send(SendReply {
                 code: 0,
                 remark: None,
-                ids: vec![id],
+                ids: vec![id].into(),
                 queue_id: 3,
                 queue_offset: 9,
             }),
             Reply::Send(SendReply {
                 code: 10,
                 remark: Some("flush disk timeout".into()),
-                ids: vec![id, id],
+                ids: vec![id, id].into(),
                 queue_id: 0,
                 queue_offset: u64::MAX,
             }),
             Reply::Send(SendReply {
                 code: 0,
                 remark: None,
-                ids: vec![],
+                ids: MessageIds::new(),
                 queue_id: -1,
                 queue_offset: 0,
             }),

@@ -28,7 +28,7 @@ use super::{
     reject, store_error, topic_conf, valid_topic,
 };
 use crate::StoreOps;
-use crate::format::msg_id::MessageId;
+use crate::format::msg_id::MessageIds;
 use crate::format::properties;
 use crate::format::record;
 use crate::message::{IllegalReason, Message, PutResult, PutStatus};
@@ -179,7 +179,7 @@ async fn put_batch(
     st: &NodeState,
     base: &SendBase<'_>,
     body: &Bytes,
-) -> Result<(PutResult, Vec<MessageId>, u64, u64), Reject> {
+) -> Result<(PutResult, MessageIds, u64, u64), Reject> {
     let mut batch = pool::PooledBatch::take();
     let msgs = batch.messages();
     let mut k = 0;
@@ -424,7 +424,7 @@ impl Stored<'_> {
         &self,
         st: &NodeState,
         result: PutResult,
-        ids: Vec<MessageId>,
+        ids: MessageIds,
     ) -> Result<SendReply, Reject> {
         let Stored {
             shard,
