@@ -146,7 +146,7 @@ pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
     let name = "coremq_store_put_latency_seconds";
     let _ = writeln!(
         out,
-        "# HELP {name} Store put call latency (flush and slave waits included).\n# TYPE {name} histogram"
+        "# HELP {name} Store put call latency (flush and slave waits included; a put that never waited counts 0).\n# TYPE {name} histogram"
     );
     for (i, s) in shards.iter().enumerate() {
         let mut cum = 0;
