@@ -11,8 +11,8 @@
 //!   arguments until the shard takes them out: one allocation per hop, made and
 //!   usually freed by the caller (a boxed job, freed by the shard, was a second one
 //!   and took the caller's glibc arena lock). On the shard it starts the work as a
-//!   task, so a slow request does not hold up the next. The shard drains its inbox in batches (one
-//!   wake of its serving task for everything queued meanwhile). A sender wakes the
+//!   task, so a slow request does not hold up the next. The shard drains its inbox
+//!   in batches (one wake of its serving task for everything queued meanwhile). A sender wakes the
 //!   shard's executor only when it is parked (glommio's foreign waker writes its
 //!   eventfd only then). The reply comes back in a one-shot slot (`reply.rs`). A
 //!   full inbox makes senders wait (`ShardedConfig::channel_capacity`).
@@ -52,6 +52,7 @@ type Spawn = Box<dyn FnOnce(&Store) + Send>;
 pub(super) enum Request {
     /// An operation and its reply slot (`Handle::run_at`).
     Job(Job),
+    /// Work that answers by itself (`Handle::spawn_on`).
     Spawn(Spawn),
     /// Shut the shard's store down, answer, and stop serving.
     Shutdown(flume::Sender<Result<()>>),
@@ -293,27 +294,18 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
         let mut jobs = 0;
         while let Some(req) = next.take().or_else(|| inbox.try_recv().ok()) {
             match req {
-                Request::Job(job) => {
-                    job.run(&store);
-                    jobs += 1;
-                    if jobs % HELD_JOBS == 0 {
-                        drop(held);
-                        held = reply::hold_wakes();
-                    }
-                }
-                Request::Spawn(spawn) => {
-                    spawn(&store);
-                    jobs += 1;
-                    if jobs % HELD_JOBS == 0 {
-                        drop(held);
-                        held = reply::hold_wakes();
-                    }
-                }
+                Request::Job(job) => job.run(&store),
+                Request::Spawn(spawn) => spawn(&store),
                 Request::Shutdown(reply) => {
                     drop(held);
                     let _ = reply.send(store.clone().shutdown().await);
                     return;
                 }
+            }
+            jobs += 1;
+            if jobs % HELD_JOBS == 0 {
+                drop(held);
+                held = reply::hold_wakes();
             }
         }
         drop(held);
