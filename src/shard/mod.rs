@@ -16,6 +16,7 @@
 //! * `handle`: [`Handle`], the `Send + Sync + Clone` route from any thread, and the
 //!   transport under it.
 //! * `reply`: the one-shot slot a request's reply comes back in.
+//! * `rings`: the request rings a shard drains, one per calling thread.
 //! * `wait`: who spins and who parks on each side of a hop (the awake window, the
 //!   reply spin, [`block_on`]).
 //! * `turns`: background task queues whose turns are bounded, so timers and I/O
@@ -31,6 +32,7 @@ mod meta;
 mod ops;
 mod ownership;
 mod reply;
+mod rings;
 mod sharded_store;
 pub mod stall;
 pub(crate) mod turns;

@@ -370,6 +370,7 @@ impl Drop for Alive {
         while let Ok(req) = self.inbox.try_recv() {
             drop(req);
         }
+        self.handle.close_rings(self.shard);
     }
 }
 
