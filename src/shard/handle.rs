@@ -344,6 +344,10 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
                     Request::Job(job) => job.run(&store),
                     Request::Spawn(spawn) => spawn(&store),
                     Request::Shutdown(reply) => {
+                        // Requests queued in the rings before the shutdown are started
+                        // first, as they were when they shared the inbox with it.
+                        rings.refresh(&mut mine, &mut seen);
+                        ShardRings::drain(&mine, |job| job.run(&store));
                         drop(held);
                         let _ = reply.send(store.clone().shutdown().await);
                         return;
