@@ -11,7 +11,7 @@
 //!   allocation per hop, made and usually freed by the caller (a boxed job, freed by
 //!   the shard, was a second one and took the caller's glibc arena lock). It goes
 //!   through the calling thread's ring to the shard (`rings.rs`: no lock, a wake only
-//!   for a parked shard; scenario 1b 488-522 k -> 536-546 k msg/s over a flume inbox);
+//!   for a parked shard; scenario 1b 488-522 k -> 526-556 k msg/s over a flume inbox);
 //!   a thread without a ring (the rings closed, the thread ending) and the other
 //!   requests (`spawn_on`, shutdown) use the shard's bounded flume inbox. On the shard
 //!   a request starts as a task, so a slow one does not hold up the next. The shard
