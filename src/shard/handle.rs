@@ -11,14 +11,14 @@
 //!   allocation per hop, made and usually freed by the caller (a boxed job, freed by
 //!   the shard, was a second one and took the caller's glibc arena lock). It goes
 //!   through the calling thread's ring to the shard (`rings.rs`: no lock, a wake only
-//!   for a parked shard; scenario 1b 488-522 k -> 526-556 k msg/s over a flume inbox);
-//!   a thread without a ring (the rings closed, the thread ending) and the other
-//!   requests (`spawn_on`, shutdown) use the shard's bounded flume inbox. On the shard
-//!   a request starts as a task, so a slow one does not hold up the next. The shard
-//!   takes everything queued in its inbox and rings at each wake of its serving task. A sender wakes the
-//!   shard's executor only when it is parked (glommio's foreign waker writes its
-//!   eventfd only then). The reply comes back in a one-shot slot (`reply.rs`). A
-//!   full inbox makes senders wait (`ShardedConfig::channel_capacity`).
+//!   for a parked shard, a full ring makes its pusher wait; scenario 1b 488-522 k ->
+//!   526-556 k msg/s over a flume inbox). A thread without a ring (the rings closed,
+//!   the thread ending) and the other requests (`spawn_on`, shutdown) use the shard's
+//!   bounded flume inbox (`ShardedConfig::channel_capacity`, as each ring), whose
+//!   sender wakes the shard's executor only when it is parked (glommio's foreign
+//!   waker writes its eventfd only then). On the shard a request starts as a task, so
+//!   a slow one does not hold up the next; the serving task takes everything queued in
+//!   its inbox and rings at each wake. The reply comes back in the slot.
 //! * **Replies woken per batch.** The callers of a batch's replies are woken
 //!   together when the batch (or each [`HELD_JOBS`] of its jobs) is done, not one
 //!   by one: a caller with many requests in flight wakes once per batch (scenario
@@ -347,7 +347,7 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
                         // Requests queued in the rings before the shutdown are started
                         // first, as they were when they shared the inbox with it.
                         rings.refresh(&mut mine, &mut seen);
-                        ShardRings::drain(&mine, |job| job.run(&store));
+                        rings.drain(&mine, |job| job.run(&store));
                         drop(held);
                         let _ = reply.send(store.clone().shutdown().await);
                         return;
@@ -357,7 +357,7 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
                 counted(&mut held);
             }
             rings.refresh(&mut mine, &mut seen);
-            took += ShardRings::drain(&mine, |job| {
+            took += rings.drain(&mine, |job| {
                 job.run(&store);
                 counted(&mut held);
             });

@@ -22,8 +22,8 @@
 //!   dropped request closes its reply slot, so its caller hears the shard is gone). A
 //!   pusher that finds them closed after its push drops its own ring's requests under
 //!   the same lock: a request pushed after the shard's last look is refused, not lost.
-//! * **A calling thread that ends** marks its rings gone; the shard drops a gone ring
-//!   once it is empty.
+//! * **A calling thread that ends** marks its rings gone and moves the list's version;
+//!   the shard's next refresh drops a gone ring that is empty.
 
 use super::handle::Job;
 use std::cell::{RefCell, UnsafeCell};
@@ -125,7 +125,8 @@ impl Drop for Ring {
 /// A shard's rings, shared by the shard and every thread that sends to it.
 pub(super) struct ShardRings {
     registry: Mutex<Vec<Arc<Ring>>>,
-    /// Moves when a ring is added, so the shard refreshes its copy of the list.
+    /// Moves when a ring is added or its thread ends, so the shard refreshes its copy of
+    /// the list.
     version: AtomicUsize,
     closed: AtomicBool,
     /// The serving task found nothing and left its waker.
@@ -143,8 +144,12 @@ struct Mine(Vec<(Weak<ShardRings>, Arc<Ring>)>);
 
 impl Drop for Mine {
     fn drop(&mut self) {
-        for (_, ring) in &self.0 {
+        for (owner, ring) in &self.0 {
             ring.gone.store(true, Ordering::Release);
+            // The shard's next refresh drops the ring once it is empty.
+            if let Some(owner) = owner.upgrade() {
+                owner.version.fetch_add(1, Ordering::Release);
+            }
         }
     }
 }
@@ -170,7 +175,6 @@ impl ShardRings {
     fn ring(self: &Arc<Self>) -> Option<Arc<Ring>> {
         MINE.try_with(|mine| {
             let mut mine = mine.borrow_mut();
-            mine.0.retain(|(owner, _)| owner.strong_count() > 0);
             if let Some((_, ring)) = mine
                 .0
                 .iter()
@@ -187,6 +191,8 @@ impl ShardRings {
                 registry.push(ring.clone());
                 self.version.fetch_add(1, Ordering::SeqCst);
             }
+            // Rings of stores gone since are forgotten as this thread adds one.
+            mine.0.retain(|(owner, _)| owner.strong_count() > 0);
             mine.0.push((Arc::downgrade(self), ring.clone()));
             Some(ring)
         })
@@ -223,14 +229,11 @@ impl ShardRings {
         Ok(())
     }
 
-    /// The shard's copy of the ring list, refreshed when rings were added; drops the
-    /// empty rings of threads that ended.
+    /// The shard's copy of the ring list, refreshed when rings were added or their
+    /// threads ended (or a gone thread's ring was emptied); drops the empty rings of
+    /// threads that ended.
     pub(super) fn refresh(&self, rings: &mut Vec<Arc<Ring>>, seen: &mut usize) {
-        let now = self.version.load(Ordering::Acquire);
-        let stale = rings
-            .iter()
-            .any(|r| r.gone.load(Ordering::Acquire) && r.is_empty());
-        if now == *seen && !stale {
+        if self.version.load(Ordering::Acquire) == *seen {
             return;
         }
         let mut registry = self.lock();
@@ -241,7 +244,7 @@ impl ShardRings {
 
     /// Takes every request queued in `rings` (the shard's copy), in each ring's order,
     /// handing each to `run`; returns how many.
-    pub(super) fn drain(rings: &[Arc<Ring>], mut run: impl FnMut(Job)) -> usize {
+    pub(super) fn drain(&self, rings: &[Arc<Ring>], mut run: impl FnMut(Job)) -> usize {
         let mut n = 0;
         for ring in rings {
             let mut took = false;
@@ -252,6 +255,10 @@ impl ShardRings {
             }
             if took {
                 ring.made_room();
+                if ring.gone.load(Ordering::Acquire) {
+                    // Emptied after its thread ended: the next refresh drops it.
+                    self.version.fetch_add(1, Ordering::Release);
+                }
             }
         }
         n
@@ -346,7 +353,7 @@ mod tests {
     fn take_all(rings: &Arc<ShardRings>, mine: &mut Vec<Arc<Ring>>, seen: &mut usize) -> Vec<Job> {
         rings.refresh(mine, seen);
         let mut jobs = Vec::new();
-        ShardRings::drain(mine, |j| jobs.push(j));
+        rings.drain(mine, |j| jobs.push(j));
         jobs
     }
 
