@@ -7,7 +7,8 @@
 # at depth 1, the floor of a key query's record read), then the load generator's
 # scenarios (`coremq bench`), each result next to its baseline as a ratio:
 #   1-4  puts (async 1 KiB on the shards and 1b from threads through the handle,
-#        async 16 KiB, sync group commit with 256 outstanding and 3b one put at a
+#        1c one shard fed by one outside thread against the same shard producing on
+#        itself, async 16 KiB, sync group commit with 256 outstanding and 3b one put at a
 #        time, 3c the same into new and into recycled segments, tailing consumers);
 #   5    catch-up reads of a kept store several times larger than the write pools,
 #        from every queue's first offset (5a: one queue per shard, 5b: 64 queues);
@@ -211,7 +212,14 @@ if want 1; then
     # (what an embedder does first): every put crosses to its shard and back.
     run s1b-handle "async flush, 1 KiB, 2 threads through the handle" \
         --duration "$secs" --body 1024 --queues 64 --via handle --producers 2
-else skip s1-async-1k s1b-handle; fi
+    # 1c: one shard fed by one outside thread (the kernel gives it the other core),
+    # against that shard producing on itself: the handle's cost where the host's
+    # thread has a core of its own (1b shares two cores between four threads).
+    run s1c-local "async flush, 1 KiB, one shard producing on itself" \
+        --duration "$secs" --body 1024 --queues 64 --shards 1
+    run s1c-handle "async flush, 1 KiB, one shard, one thread through the handle" \
+        --duration "$secs" --body 1024 --queues 64 --shards 1 --via handle --producers 1
+else skip s1-async-1k s1b-handle s1c-local s1c-handle; fi
 if want 2; then
     run s2-async-16k "async flush, 16 KiB, all shards, 64 queues" \
         --duration "$secs" --body 16384 --queues 64
@@ -660,6 +668,14 @@ s1b_ratio() {
     echo "$(ratio "$(j s1b-handle .mb_per_sec)" "$write_mb") of fio;" \
         "$(ratio "$(j s1b-handle .messages_per_sec)" "$(j s1-async-1k '[.messages_per_sec, 1] | max')") of 1"
 }
+s1c_result() {
+    echo "$(fmt "$(j s1c-handle .messages_per_sec)") msg/s through the handle at" \
+        "$(fmt "$(j s1c-handle .cpu_us_per_message)" 2) µs CPU/msg (both threads);" \
+        "$(fmt "$(j s1c-local .messages_per_sec)") msg/s on the shard at $(fmt "$(j s1c-local .cpu_us_per_message)" 2) µs"
+}
+s1c_ratio() {
+    echo "$(ratio "$(j s1c-handle .messages_per_sec)" "$(j s1c-local '[.messages_per_sec, 1] | max')") of the shard alone"
+}
 s2_result() {
     echo "$(fmt "$(j s2-async-16k .messages_per_sec)") msg/s, $(fmt "$(j s2-async-16k .mb_per_sec)" 1) MB/s" \
         "($(fmt "$(j s2-async-16k .log_mb_per_sec)" 1) MB/s log); put p99 $(fmt "$(j s2-async-16k .put_latency_us.p99)" 1) µs"
@@ -834,6 +850,8 @@ s11_ratio() {
         "fio seq write $(fmt "$write_mb" 1) MB/s" s1_result s1_ratio
     scenario s1b-handle "1b. async, 1 KiB, 2 threads through the handle" \
         "fio seq write $(fmt "$write_mb" 1) MB/s; scenario 1" s1b_result s1b_ratio
+    scenario s1c-handle "1c. async, 1 KiB, one shard, one thread through the handle" \
+        "the same shard producing on itself" s1c_result s1c_ratio
     scenario s2-async-16k "2. async, 16 KiB" \
         "fio seq write $(fmt "$write_mb" 1) MB/s" s2_result s2_ratio
     scenario s3-sync-1k "3. sync (group commit), 1 KiB, 256 outstanding" \
@@ -905,6 +923,7 @@ jq -n \
     --argjson w50 "$w50" --argjson w99 "$w99" --argjson s50 "$s50" --argjson s99 "$s99" \
     --argjson sync_iops "$sync_iops" --argjson rr50 "$rr50" --argjson rr99 "$rr99" \
     --slurpfile s1 "$detail/s1-async-1k.json" --slurpfile s1b "$detail/s1b-handle.json" \
+    --slurpfile s1cl "$detail/s1c-local.json" --slurpfile s1ch "$detail/s1c-handle.json" \
     --slurpfile s2 "$detail/s2-async-16k.json" \
     --slurpfile s3 "$detail/s3-sync-1k.json" --slurpfile s3b "$detail/s3b-sync-1.json" \
     --slurpfile s3cf "$detail/s3c-fresh.json" --slurpfile s3cr "$detail/s3c-recycled.json" \
@@ -939,6 +958,8 @@ jq -n \
         scenarios: {
             "1_async_1k": ($s1[0] + {ratio_to_fio_write: (($s1[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
             "1b_async_1k_via_handle": ($s1b[0] + {ratio_to_fio_write: (($s1b[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
+            "1c_one_shard_via_handle": ($s1ch[0] + {shard_alone: $s1cl[0],
+                ratio_to_shard_alone: (($s1ch[0].messages_per_sec // 0) / ([($s1cl[0].messages_per_sec // 0), 1] | max))}),
             "2_async_16k": ($s2[0] + {ratio_to_fio_write: (($s2[0].mb_per_sec // 0) * 1e6 / $write_bw)}),
             "3_sync_1k": ($s3[0] + {p99_ratio_to_fio_fdatasync: (($s3[0].put_latency_us.p99 // 0) / $fsync_p99)}),
             "3b_sync_1k_1_outstanding": ($s3b[0] + {
