@@ -12,9 +12,9 @@
 //!   the shard, was a second one and took the caller's glibc arena lock). It goes
 //!   through the calling thread's ring to the shard (`rings.rs`: no lock, a wake only
 //!   for a parked shard, a full ring makes its pusher wait; scenario 1b 488-522 k ->
-//!   526-556 k msg/s over a flume inbox). A thread without a ring (the rings closed,
-//!   the thread ending) and the other requests (`spawn_on`, shutdown) use the shard's
-//!   bounded flume inbox (`ShardedConfig::channel_capacity`, as each ring), whose
+//!   526-556 k msg/s over a flume inbox). `spawn_on` (work that answers by itself)
+//!   travels the same way with a reply nobody awaits. A thread without a ring (the
+//!   rings closed, the thread ending) and shutdown use the shard's bounded flume inbox (`ShardedConfig::channel_capacity`, as each ring), whose
 //!   sender wakes the shard's executor only when it is parked (glommio's foreign
 //!   waker writes its eventfd only then). The serving task takes everything queued
 //!   in its inbox and rings at each wake and polls each operation once itself; one
@@ -51,15 +51,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// Called on the shard's thread with its store; starts the work there as a task
-/// that answers nobody (`Handle::spawn_on`).
-type Spawn = Box<dyn FnOnce(&Store) + Send>;
-
 pub(super) enum Request {
-    /// An operation and its reply slot (`Handle::run_at`).
+    /// An operation and its reply slot (`Handle::run_at`, `Handle::spawn_on`).
     Job(Job),
-    /// Work that answers by itself (`Handle::spawn_on`).
-    Spawn(Spawn),
     /// Shut the shard's store down, answer, and stop serving.
     Shutdown(flume::Sender<Result<()>>),
 }
@@ -353,7 +347,6 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
             while let Some(req) = next.take().or_else(|| inbox.try_recv().ok()) {
                 match req {
                     Request::Job(job) => job.run(&store, &mut Context::from_waker(&waker)),
-                    Request::Spawn(spawn) => spawn(&store),
                     Request::Shutdown(reply) => {
                         // Requests queued in the rings before the shutdown are started
                         // first, as they were when they shared the inbox with it.
@@ -406,11 +399,13 @@ impl Handle {
         Ok(tx)
     }
 
-    /// Starts `f`'s future on `shard` as a task of its own and returns once the job is
-    /// in the shard's inbox (a full inbox makes this wait), not when the task ends: for
-    /// work that answers by itself (the node's routed sends answer their client on the
-    /// connection, `node::shared_out`). Refused (the shard gone, the store shut), `f`
-    /// is dropped unrun, on the calling thread.
+    /// Starts `f`'s future on `shard` and returns once the job is queued there (a
+    /// full ring or inbox makes this wait), not when it ends: for work that answers by
+    /// itself (the node's routed sends answer their client on the connection,
+    /// `node::shared_out`). It travels as a [`Handle::run_at`] operation does (the
+    /// calling thread's ring, a first poll on the shard, a task only if it waits)
+    /// whose reply nobody awaits. Refused (the shard gone, the store shut), `f` is
+    /// dropped unrun.
     #[cfg_attr(not(feature = "node"), allow(dead_code))]
     pub(crate) async fn spawn_on<F, Fut>(&self, shard: usize, f: F) -> Result<()>
     where
@@ -418,12 +413,14 @@ impl Handle {
         Fut: Future<Output = ()> + 'static,
     {
         let tx = self.inbox_of(shard)?;
-        let spawn: Spawn = Box::new(move |store: &Store| {
-            glommio::spawn_local(f(store.clone())).detach();
-        });
-        tx.send_async(Request::Spawn(spawn))
-            .await
-            .map_err(|_| gone(shard))
+        let (slot, answer) = reply::request(async move |store: &Store| f(store.clone()).await);
+        drop(answer);
+        if let Err(job) = self.shared.rings[shard].push(Job(Some(slot))).await {
+            tx.send_async(Request::Job(job))
+                .await
+                .map_err(|_| gone(shard))?;
+        }
+        Ok(())
     }
 }
 
