@@ -86,6 +86,61 @@ impl<'ring> CompletionQueue<'ring> {
         Ok(())
     }
 
+    // coremq patch u: submits the prepared SQEs and waits for `count` completions or
+    // `timeout` in one `io_uring_enter` (`IORING_ENTER_EXT_ARG`, Linux 5.11+), what
+    // `SubmissionQueue::submit` then `wait_with_timeout` did in two. `None` when the
+    // kernel lacks EXT_ARG (the caller makes the two calls). `Ok(n)`: `n` SQEs were
+    // submitted; the kernel waits only once all of them were, and reports a wait's end
+    // (a completion, the timeout, a signal) as that count.
+    pub fn submit_and_wait_ext(
+        &mut self,
+        count: u32,
+        timeout: std::time::Duration,
+    ) -> Option<io::Result<u32>> {
+        const IORING_FEAT_EXT_ARG: libc::c_uint = 1 << 8;
+        const IORING_ENTER_EXT_ARG: libc::c_uint = 1 << 3;
+        // `struct io_uring_getevents_arg` of linux/io_uring.h.
+        #[repr(C)]
+        struct GetEventsArg {
+            sigmask: u64,
+            sigmask_sz: u32,
+            pad: u32,
+            ts: u64,
+        }
+        let ring = self.ring.as_ptr();
+        // SAFETY: `ring` is this queue's live ring; `ts` and `arg` outlive the call.
+        unsafe {
+            if (*ring).features & IORING_FEAT_EXT_ARG == 0 {
+                return None;
+            }
+            let submit = uring_sys::__io_uring_flush_sq(ring);
+            let ts = uring_sys::__kernel_timespec {
+                tv_sec: timeout.as_secs() as _,
+                tv_nsec: timeout.subsec_nanos() as _,
+            };
+            let arg = GetEventsArg {
+                sigmask: 0,
+                sigmask_sz: 8,
+                pad: 0,
+                ts: &ts as *const _ as u64,
+            };
+            let ret = libc::syscall(
+                libc::SYS_io_uring_enter,
+                (*ring).ring_fd,
+                submit as libc::c_uint,
+                count as libc::c_uint,
+                uring_sys::IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG,
+                &arg as *const GetEventsArg,
+                std::mem::size_of::<GetEventsArg>(),
+            );
+            Some(if ret < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(ret as u32)
+            })
+        }
+    }
+
     #[inline(always)]
     fn wait_inner(&mut self, count: u32) -> io::Result<&mut uring_sys::io_uring_cqe> {
         unsafe {

@@ -1100,6 +1100,24 @@ impl SleepableRing {
             // We have now prepared the SQE that links the two rings. We now need to submit
             // it successfully to be able to safely sleep.
 
+            // coremq patch u: submitted and waited for in one `io_uring_enter` when the
+            // kernel takes the wait's timeout as an argument (the kernel waits only if
+            // the SQE was submitted); otherwise as below, in two.
+            let park = user_timer.map_or(Self::MAX_PARK, |t| t.min(Self::MAX_PARK))
+                + Self::WAIT_SLACK;
+            if let Some(res) = self.ring.cq().submit_and_wait_ext(1, park) {
+                let submitted = res
+                    .map(|n| n as usize)
+                    .or_else(Reactor::busy_ok)
+                    .or_else(Reactor::again_ok)
+                    .or_else(Reactor::intr_ok)?;
+                self.in_kernel += submitted;
+                if submitted != 1 {
+                    unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
+                    return Err(io::Error::from_raw_os_error(libc::EBUSY));
+                }
+                return Ok(1);
+            }
             if self
                 .submit_sqes()
                 .or_else(Reactor::busy_ok)

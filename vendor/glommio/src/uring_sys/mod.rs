@@ -336,6 +336,10 @@ extern "C" {
 
     pub fn io_uring_submit(ring: *mut io_uring) -> libc::c_int;
 
+    // coremq patch u: liburing's (queue.c, not in its header) move of the prepared
+    // SQEs into the kernel's ring; returns how many wait there to be submitted.
+    pub fn __io_uring_flush_sq(ring: *mut io_uring) -> libc::c_int;
+
     pub fn io_uring_submit_and_wait(ring: *mut io_uring, wait_nr: libc::c_uint) -> libc::c_int;
 
     pub fn io_uring_get_sqe(ring: *mut io_uring) -> *mut io_uring_sqe;
