@@ -427,3 +427,60 @@ fn puts_with_and_without_spinning_on_either_side() {
         store.shutdown().unwrap();
     }
 }
+
+/// The shard polls each request once itself and lets one that waits go on as a task of
+/// its own: a request that waits holds up neither the requests after it (from the same
+/// thread and from another) nor its own completion.
+#[test]
+fn a_waiting_request_does_not_hold_up_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ShardedStore::open(config(dir.path(), 2)).unwrap();
+    let h = store.handle();
+    let (started_tx, started) = flume::bounded::<()>(1);
+    let (release, released) = flume::bounded::<()>(1);
+    // Waits on shard 0 until released.
+    let waiting = {
+        let h = h.clone();
+        std::thread::spawn(move || {
+            block_on(h.run_on(0, move |_ctx| async move {
+                started_tx.send(()).unwrap();
+                released.recv_async().await.is_ok()
+            }))
+        })
+    };
+    started
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the waiting request started on shard 0");
+    // Meanwhile shard 0 answers puts from two other threads, one after the other.
+    let queue = (0..QUEUES)
+        .find(|&q| h.shard_of("Orders", q) == 0)
+        .expect("a queue on shard 0");
+    let (done_tx, done) = flume::unbounded();
+    for t in 0..2u64 {
+        let (h, done_tx) = (h.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            for i in 0..20 {
+                let r = block_on(h.put(message("Orders", queue, t * 100 + i)));
+                done_tx.send(r.status).unwrap();
+            }
+        });
+    }
+    let answered: Vec<PutStatus> = (0..40)
+        .map_while(|_| done.recv_timeout(std::time::Duration::from_secs(10)).ok())
+        .collect();
+    let still_waiting = !waiting.is_finished();
+    // Released before any assertion, so a failure does not leave the shard waiting.
+    release.send(()).unwrap();
+    assert_eq!(answered.len(), 40, "puts held up behind a waiting request");
+    assert!(
+        answered.iter().all(|s| *s == PutStatus::PutOk),
+        "{answered:?}"
+    );
+    assert!(
+        still_waiting,
+        "the waiting request ended before it was released"
+    );
+    // And the waiting request ends once what it waits for comes.
+    assert!(waiting.join().unwrap().unwrap());
+    store.shutdown().unwrap();
+}
