@@ -14,9 +14,10 @@
 //!   for a parked shard, a full ring makes its pusher wait; scenario 1b 488-522 k ->
 //!   526-556 k msg/s over a flume inbox). `spawn_on` (work that answers by itself)
 //!   travels the same way with a reply nobody awaits. A thread without a ring (the
-//!   rings closed, the thread ending) and shutdown use the shard's bounded flume inbox (`ShardedConfig::channel_capacity`, as each ring), whose
-//!   sender wakes the shard's executor only when it is parked (glommio's foreign
-//!   waker writes its eventfd only then). The serving task takes everything queued
+//!   rings closed, the thread ending) and shutdown use the shard's bounded flume
+//!   inbox (`ShardedConfig::channel_capacity`, as each ring), whose sender wakes the
+//!   shard's executor only when it is parked (glommio's foreign waker writes its
+//!   eventfd only then). The serving task takes everything queued
 //!   in its inbox and rings at each wake and polls each operation once itself; one
 //!   that waits goes on as a task of its own, so it does not hold up the next (a
 //!   glommio task for every request cost scenario 1b ~10%: 523-531 k -> 576-590 k
