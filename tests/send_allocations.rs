@@ -6,12 +6,14 @@
 //! flushes, timers) spread over them.
 //!
 //! What the process allocates per send today (2 shards, one send at a time, half the
-//! queues on the other shard; 5.7 in a release build, 6.0 in a debug one; 8.1 and 7.5
+//! queues on the other shard; 5.6 in a release build, 6.0 in a debug one; 8.1 and 7.5
 //! while a put's one message id still had a list of its own), found with sampled
 //! backtraces of this allocator: most are glommio's per-operation `Source`s of the
 //! executors' loops (the preempt timer, the sleep link, a socket's readiness), which
-//! one send at a time runs a few times per send; then a routed send's job and task on
-//! the owning shard (which answers the client itself, `node::shared_out`). Not allocated per send: a message's strings (a per-thread pool;
+//! one send at a time runs a few times per send; then (from the code, since the handle
+//! changed) a routed send's reply slot, its operation inside, and the box the owning
+//! shard polls that operation in (the shard answers the client itself,
+//! `node::shared_out`). Not allocated per send: a message's strings (a per-thread pool;
 //! routed messages come back to the connection's thread, `SharedOut::give_back`: ~4
 //! more per send without), and the timers' map (glommio patch o: ~16 more per send
 //! without).

@@ -57,8 +57,17 @@ impl std::fmt::Display for MessageId {
 /// The message ids of one put, one per stored record: a single put's one id is kept
 /// inline (a put then allocates nothing for its ids, and a put answered on another
 /// thread frees nothing there), a batch's in a `Vec`. Reads as a slice (`Deref`).
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct MessageIds(Ids);
+
+/// Equal when they hold the same ids (a `Vec` of one id equals the inline one).
+impl PartialEq for MessageIds {
+    fn eq(&self, other: &MessageIds) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for MessageIds {}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 enum Ids {
@@ -91,8 +100,15 @@ impl MessageIds {
 
     /// Keeps the first `n` ids.
     pub fn truncate(&mut self, n: usize) {
-        if n < self.len() {
-            *self = MessageIds::from(self[..n].to_vec());
+        match &mut self.0 {
+            Ids::Many(v) => {
+                v.truncate(n);
+                if v.len() < 2 {
+                    *self = MessageIds::from(std::mem::take(v));
+                }
+            }
+            Ids::One(_) if n == 0 => self.0 = Ids::None,
+            Ids::None | Ids::One(_) => {}
         }
     }
 
@@ -116,6 +132,12 @@ impl std::ops::Deref for MessageIds {
 impl std::fmt::Debug for MessageIds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl From<MessageId> for MessageIds {
+    fn from(id: MessageId) -> MessageIds {
+        MessageIds(Ids::One(id))
     }
 }
 
@@ -191,5 +213,13 @@ mod tests {
             format!("{:?}", MessageIds::from(vec![id(5)])),
             format!("{:?}", [id(5)])
         );
+        // Room for three, one stored: the same ids as one inline, and truncating keeps it.
+        let mut roomy = MessageIds::with_capacity(3);
+        roomy.push(id(6));
+        assert_eq!(roomy, MessageIds::from(id(6)));
+        roomy.truncate(1);
+        assert_eq!(roomy.0, Ids::One(id(6)));
+        roomy.truncate(0);
+        assert!(roomy.is_empty());
     }
 }

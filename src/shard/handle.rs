@@ -242,16 +242,9 @@ impl Route for Handle {
     {
         let args = args.to_owned();
         async move {
-            let tx = self.inbox_of(shard)?;
             let call = async move |store: &Store| f(store, args.borrow()).await;
             let (slot, answer) = reply::request(call);
-            // A thread without a ring (the rings closed, or the thread ending) sends
-            // through the inbox, which refuses it as the rings would.
-            if let Err(job) = self.shared.rings[shard].push(Job(Some(slot))).await {
-                tx.send_async(Request::Job(job))
-                    .await
-                    .map_err(|_| gone(shard))?;
-            }
+            self.queue(shard, Job(Some(slot))).await?;
             let cpu = self.shared.cpus[shard].load(Ordering::Relaxed);
             let answer = Awaiting {
                 answer,
@@ -310,8 +303,9 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
     let rings = &handle.shared.rings[shard];
     // This shard's copy of its ring list (`rings.rs`), refreshed as rings come.
     let (mut mine, mut seen) = (Vec::new(), usize::MAX);
-    // This task's waker: operations are first polled here (`Start::start`).
+    // Operations are first polled here, with this task's waker (`Start::start`).
     let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+    let run = |job: Job| job.run(&store, &mut Context::from_waker(&waker));
     loop {
         // A request in the inbox (`None`: every sender is gone) or in a ring.
         let first = {
@@ -347,14 +341,12 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
             let mut took = 0;
             while let Some(req) = next.take().or_else(|| inbox.try_recv().ok()) {
                 match req {
-                    Request::Job(job) => job.run(&store, &mut Context::from_waker(&waker)),
+                    Request::Job(job) => run(job),
                     Request::Shutdown(reply) => {
                         // Requests queued in the rings before the shutdown are started
                         // first, as they were when they shared the inbox with it.
                         rings.refresh(&mut mine, &mut seen);
-                        rings.drain(&mine, |job| {
-                            job.run(&store, &mut Context::from_waker(&waker))
-                        });
+                        rings.drain(&mine, run);
                         drop(held);
                         let _ = reply.send(store.clone().shutdown().await);
                         return;
@@ -365,7 +357,7 @@ pub(super) async fn serve(shard: usize, handle: &Handle, inbox: &Inbox, store: S
             }
             rings.refresh(&mut mine, &mut seen);
             took += rings.drain(&mine, |job| {
-                job.run(&store, &mut Context::from_waker(&waker));
+                run(job);
                 counted(&mut held);
             });
             if took == 0 {
@@ -413,10 +405,17 @@ impl Handle {
         F: FnOnce(Store) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + 'static,
     {
-        let tx = self.inbox_of(shard)?;
         let (slot, answer) = reply::request(async move |store: &Store| f(store.clone()).await);
         drop(answer);
-        if let Err(job) = self.shared.rings[shard].push(Job(Some(slot))).await {
+        self.queue(shard, Job(Some(slot))).await
+    }
+
+    /// Queues `job` for `shard`: through the calling thread's ring, or, for a thread
+    /// without one (the rings closed, or the thread ending), through the inbox, which
+    /// refuses it as the rings would.
+    async fn queue(&self, shard: usize, job: Job) -> Result<()> {
+        let tx = self.inbox_of(shard)?;
+        if let Err(job) = self.shared.rings[shard].push(job).await {
             tx.send_async(Request::Job(job))
                 .await
                 .map_err(|_| gone(shard))?;

@@ -133,7 +133,7 @@ pub trait StoreOps: Route {
                 let mut one = r.clone();
                 if r.status.is_stored() {
                     one.queue_offset = r.queue_offset + k as u64;
-                    one.msg_ids = MessageIds::from(vec![r.msg_ids[k]]);
+                    one.msg_ids = MessageIds::from(r.msg_ids[k]);
                     one.log_offset = r.msg_ids[k].offset;
                 }
                 out[i] = one;

@@ -22,7 +22,7 @@
 //!   go of the slot last, frees it there (a boxed job freed by the shard took the
 //!   caller's glibc arena lock on every hop).
 //! * **Wakes held for a batch** ([`hold_wakes`]): while the shard
-//!   runs a batch of requests taken from its inbox, the callers' wakers are collected
+//!   runs a batch of requests taken from its inbox and rings, the callers' wakers are collected
 //!   and woken once the batch is done, not one by one. A thread with many requests
 //!   outstanding then wakes once per batch and finds all its replies, instead of being
 //!   woken (a futex wake, a context switch on a CPU the shard shares) after every few.
