@@ -53,8 +53,9 @@ pub struct StoreConfig {
     /// the put's start; a put answers at most an eighth of it (at most 20 ms) late.
     pub sync_flush_timeout: Duration,
     /// Sync flush: the flush mark (`<shard>/flushmark`, recovery's refuse line) is
-    /// brought up to the durable position at most this often, off the put path (1 ms;
-    /// async flush writes it with every flush instead). Acknowledged records within
+    /// brought up to the durable position at most this often, off the put path (100 ms;
+    /// async flush writes it with every flush instead). Each mark write is a durable
+    /// write of its own beside the rounds (`commit_log::flush_mark`'s docs). Acknowledged records within
     /// this lag that a media error damages are cut and kept in `lost+found/` rather
     /// than refused (README "Recovery"). Zero: after every round (deterministic
     /// simulation tests).
@@ -511,7 +512,7 @@ impl StoreConfig {
             flush_least_pages: 4,
             flush_thorough_interval: Duration::from_secs(10),
             sync_flush_timeout: Duration::from_secs(5),
-            flush_mark_interval: Duration::from_millis(1),
+            flush_mark_interval: Duration::from_millis(100),
             commit_least_pages: 4,
             commit_interval: Duration::from_millis(200),
             commit_chunk_bytes: 1 << 20,

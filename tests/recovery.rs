@@ -1235,6 +1235,38 @@ fn restart_keeps_offsets_and_time_answers() {
 // ---------------------------------------------------------------------------------
 // Sync mode's prewritten (zero-filled) log tail.
 
+/// The prewriter fills from the first page past the log's end, in a new log too, so
+/// no sync round writes into a hole (an allocating write, whose durable write also
+/// writes the file's inode). It fails when the prewrite starts a chunk past the end,
+/// as a first version did: a new log's first chunk stayed sparse.
+#[test]
+fn a_new_log_is_prewritten_from_the_page_past_its_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("s");
+    let seg = seg_bytes(&root);
+    run(move || async move {
+        let store = Store::open(cfg(&root)).await.unwrap();
+        let recs = put_all(&store, messages(&QS, 5, |_| 200)).await;
+        let next_page = coremq::io::align_up(recs.last().unwrap().end());
+        let path = root.join("commitlog").join(coremq::io::offset_name(0));
+        let t0 = std::time::Instant::now();
+        let first_data = loop {
+            match coremq::io::next_data(&path, next_page).unwrap() {
+                Some(d) if d < seg => break d,
+                _ => {
+                    assert!(t0.elapsed() < Duration::from_secs(20), "nothing prewritten");
+                    glommio::timer::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        assert_eq!(
+            first_data, next_page,
+            "the blocks right past the log's end are written (zero-filled), not a hole"
+        );
+        store.shutdown().await.unwrap();
+    });
+}
+
 /// Sync flush zero-fills the log ahead of the write position (`commit_log_prewrite_bytes`)
 /// so flushes land in written blocks. The zero tail must read as the end of the log
 /// after an unclean stop and after a clean one (nothing cut, nothing lost), puts must

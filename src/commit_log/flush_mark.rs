@@ -9,10 +9,15 @@
 //!   `flushed` moves, so whatever a returned `Store::flush` covered is below a durable
 //!   mark: the line is exact;
 //! * **sync flush**: by its own task ([`CommitLog::run_flush_mark`]) once `flushed`
-//!   moved, at most every `flush_mark_interval` (1 ms), never on the put path: the
+//!   moved, at most every `flush_mark_interval` (100 ms), never on the put path: the
 //!   rounds are durable by themselves, and a mark write per round would double the
-//!   device's durable writes per round. The mark lags the acknowledged position by
-//!   about that interval (README "Recovery" states what that window means);
+//!   device's durable writes per round. 100 ms, not 1: a mark write is a durable write
+//!   of its own (a device cache flush, and the mark file's inode whenever its mtime
+//!   moved), and every 1 ms that was ~700 writes and ~250 inode writes a second beside
+//!   ~3,400 rounds of one put at a time, each round's device time up from ~90 to
+//!   ~115 us at p50 (block trace, `scripts/bench.sh` scenario 3b). The mark lags the
+//!   acknowledged position by about that interval (README "Recovery" states what that
+//!   window means);
 //! * **recovery**: at the end it keeps, once that is synced (before the checkpoint);
 //! * **clean shutdown**: the async writer's last flush, or the mark task's last write,
 //!   leaves it at the log's end (the checkpoint is written after it, at the same end).

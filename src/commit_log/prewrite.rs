@@ -9,13 +9,20 @@
 //! 2,020/s. It cut a round's p90 from 2.7-3.9 ms to 1.3 ms.
 //!
 //! How: a background task (its own `NotImportant` task queue) keeps
-//! `[written + chunk, written + prewrite_bytes())` zero-filled, a whole chunk at a time
-//! (`min(4 write buffers, prewrite_bytes() / 2)`), with one write of at most 1 MiB in
-//! flight, and fdatasyncs each chunk, so the block allocation is journaled here, not by
-//! a round. Whole chunks and one write in flight come from block traces: refilling
-//! exactly up to the limit after every round wrote a ~300 KB piece plus an fdatasync
-//! per round (every round paid the inode write anyway), and four 4 MiB writes at once
-//! made a round's write queue behind them (round p99 14 ms).
+//! `[written, written + prewrite_bytes())` zero-filled from the first page no commit
+//! wrote, with one write of at most 1 MiB (a unit) in flight, and fdatasyncs each
+//! piece, so the block allocation is journaled here, not by a round. Past a chunk
+//! (`min(4 write buffers, prewrite_bytes() / 2)`) from `written` it writes whole
+//! chunks; within one (a new log, or a prewriter that fell behind) a unit at a time,
+//! so a round that reaches the piece in flight waits for one unit, not a chunk. Whole
+//! chunks and one write in flight come from block traces: refilling exactly up to the
+//! limit after every round wrote a ~300 KB piece plus an fdatasync per round (every
+//! round paid the inode write anyway), and four 4 MiB writes at once made a round's
+//! write queue behind them (round p99 14 ms). Filling the first chunk too: a first
+//! version started a chunk past `written`, so a new log's first 16 MiB (a 3 s
+//! scenario 3b run's whole log) was written by allocating rounds, 38% of those that
+//! reached a new page with an inode write of their own (block trace: ~670 inode
+//! writes a second against ~250, one per jiffy's mtime, into prewritten blocks).
 //!
 //! Invariants: it only writes at or past the page of `written`, where no commit has
 //! written yet, and a commit or round that would reach a chunk in flight waits for it
@@ -70,14 +77,23 @@ impl CommitLog {
                 return;
             }
             let w = align_up(self.written.get());
-            let from = done.max(w + chunk);
+            // From the first page no commit wrote, or where the last chunk ended.
+            let from = done.max(w);
             let seg = self.segment_start(from);
             if self.segment_prezeroed(seg) {
                 // A recycled segment: zero-filled before it was taken (`spare.rs`).
                 done = seg + self.seg_bytes;
                 continue;
             }
-            let to = (from + chunk).min(seg + self.seg_bytes);
+            // Within a chunk of the write position (a new log, or a prewriter that
+            // fell behind): one unit at a time, so a round that reaches it waits for
+            // one unit's write, not a chunk's.
+            let piece = if from < w + chunk {
+                unit.min(chunk)
+            } else {
+                chunk
+            };
+            let to = (from + piece).min(seg + self.seg_bytes);
             let file = self.segment_file(seg);
             let (Some(file), true) = (file, to <= w + ahead) else {
                 // No timer: woken by the next commit or the stop (deterministic on
