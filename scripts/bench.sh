@@ -404,7 +404,7 @@ remote_run() {
 # CPU against load (issue 22): the node's CPU per message at these offered rates, one
 # curve (s10-cpu-vs-rate.{json,svg}); it should fall, never rise, as the rate grows.
 s10_rates=(1000 3000 10000 30000 100000)
-s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
+s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-single-binary s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
 if want 10; then
     bench_run s10-catch-up-write "catch-up log: $s10_msgs x 1 KiB" "$work/s10-store" \
         --messages "$s10_msgs" --body 1024 --queues 8
@@ -449,9 +449,15 @@ if want 10; then
         remote_run "s10-single-$k" "node: single sends, 1 KiB, 4 x 64 outstanding (round $k)" \
             "127.0.0.1:$port" --follow-route --duration "$secs" --body 1024 --queues 8 \
             --producers 4 --outstanding 64
+        # The same in RocketMQ's binary header layout (`serializeType` ROCKETMQ, which a
+        # Java client chooses with `rocketmq.serialize.type`): the node answers in kind.
+        remote_run "s10-single-binary-$k" "node: single sends, binary headers, 1 KiB, 4 x 64 outstanding (round $k)" \
+            "127.0.0.1:$port" --follow-route --duration "$secs" --body 1024 --queues 8 \
+            --producers 4 --outstanding 64 --header-format rocketmq
     done
     median_round s10-embedded .cpu_us_per_message
     median_round s10-single .node_cpu_us_per_message
+    median_round s10-single-binary .node_cpu_us_per_message
     remote_run s10-single-routed "node's own port: single sends, 1 KiB, 4 x 64 outstanding" \
         "127.0.0.1:$port" --duration "$secs" --body 1024 --queues 8 --producers 4 --outstanding 64
     remote_run s10-batch "node: batched sends, 32 x 1 KiB, 4 x 8 outstanding" "127.0.0.1:$port" \
@@ -781,7 +787,8 @@ s9_ratio() {
 s10_result() {
     echo "single: $(fmt "$(j s10-single .messages_per_sec)") msg/s, node $(fmt "$(j s10-single .node_cpu_us_per_message)" 2) µs CPU/msg" \
         "(median of rounds $(j s10-single '[.rounds[]? // 0 | . * 100 | round / 100] | map(tostring) | join(", ")');" \
-        "client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); on the node's own port (routed):" \
+        "client $(fmt "$(j s10-single .client_cpu_us_per_message)" 2)); binary headers: $(fmt "$(j s10-single-binary .messages_per_sec)") msg/s," \
+        "node $(fmt "$(j s10-single-binary .node_cpu_us_per_message)" 2) µs CPU/msg; on the node's own port (routed):" \
         "$(fmt "$(j s10-single-routed .messages_per_sec)") msg/s, node $(fmt "$(j s10-single-routed .node_cpu_us_per_message)" 2) µs CPU/msg; batched: $(fmt "$(j s10-batch .messages_per_sec)") msg/s," \
         "node $(fmt "$(j s10-batch .node_cpu_us_per_message)" 2) µs CPU/msg; one in flight: p50 $(fmt "$(j s10-one .send_latency_us.p50)") µs," \
         "p99 $(fmt "$(j s10-one .send_latency_us.p99)") µs, node $(fmt "$(j s10-one .node_cpu_us_per_message)" 1) µs CPU/msg;" \
@@ -800,6 +807,7 @@ s10_baseline() {
 }
 s10_ratio() {
     echo "CPU/msg $(ratio "$(j s10-single .node_cpu_us_per_message)" "$(j s10-embedded .cpu_us_per_message)") (single)," \
+        "$(ratio "$(j s10-single-binary .node_cpu_us_per_message)" "$(j s10-embedded .cpu_us_per_message)") (single, binary headers)," \
         "$(ratio "$(j s10-batch .node_cpu_us_per_message)" "$(j s10-embedded .cpu_us_per_message)") (batched) of embedded (goal <= 2);" \
         "p50 $(ratio "$(j s10-one .send_latency_us.p50)" "$(j s10-echo '[.send_latency_us.p50, 1] | max')") of echo (goal <= 2);" \
         "one in flight CPU/msg $(ratio "$(j s10-one .node_cpu_us_per_message)" "$(j s10-echo '[.echo_server_cpu_us_per_message // 0, 0.001] | max')") of the echo server's;" \
@@ -938,7 +946,8 @@ jq -n \
     --slurpfile s9 "$detail/s9-timer.json" \
     --slurpfile s10e "$detail/s10-embedded.json" --slurpfile s10cw "$detail/s10-catch-up-write.json" \
     --slurpfile s10c "$detail/s10-catch-up.json" --slurpfile s10echo "$detail/s10-echo.json" \
-    --slurpfile s10s "$detail/s10-single.json" --slurpfile s10b "$detail/s10-batch.json" \
+    --slurpfile s10s "$detail/s10-single.json" --slurpfile s10sb "$detail/s10-single-binary.json" \
+    --slurpfile s10b "$detail/s10-batch.json" \
     --slurpfile s10o "$detail/s10-one.json" --slurpfile s10p "$detail/s10-pull.json" \
     --slurpfile s10idle "$detail/s10-idle.json" --slurpfile s10r1k "$detail/s10-rate1k.json" \
     --slurpfile s10curve "$detail/s10-cpu-vs-rate.json" \
@@ -989,9 +998,11 @@ jq -n \
             "9_timer": $s9[0],
             "10_node": {
                 embedded: $s10e[0], catch_up_write: $s10cw[0], catch_up: $s10c[0], echo: $s10echo[0],
-                single: $s10s[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
+                single: $s10s[0], single_binary: $s10sb[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
                 idle: $s10idle[0], rate_1k: $s10r1k[0], cpu_vs_rate: $s10curve[0],
                 node_cpu_ratio_to_embedded_single: (($s10s[0].node_cpu_us_per_message // null)
+                    | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
+                node_cpu_ratio_to_embedded_single_binary: (($s10sb[0].node_cpu_us_per_message // null)
                     | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
                 node_cpu_ratio_to_embedded_batch: (($s10b[0].node_cpu_us_per_message // null)
                     | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
