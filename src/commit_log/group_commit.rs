@@ -19,7 +19,9 @@
 //!   runs rounds back to back (idle between rounds: p50 1-2 us).
 //! * The per-put traffic goes through atomics, and only the first publish after the
 //!   thread parked notifies: one mutex cost ~940 futex calls a second and 1.5 ms put
-//!   waits for 0.3 ms rounds.
+//!   waits for 0.3 ms rounds. It notifies after releasing the lock, so the woken thread
+//!   does not wait for it: one put at a time made 1.2 futex calls and 4.9 context
+//!   switches per put, against 2.8 and 6.0 notifying under the lock.
 //! * Puts take in finished rounds themselves ([`GroupCommit::publish`] returns the
 //!   durable position): the woken writer task ran only ~760 us apart while rounds ended
 //!   ~330 us apart.
