@@ -55,10 +55,10 @@ pub struct StoreConfig {
     /// Sync flush: the flush mark (`<shard>/flushmark`, recovery's refuse line) is
     /// brought up to the durable position at most this often, off the put path (100 ms;
     /// async flush writes it with every flush instead). Each mark write is a durable
-    /// write of its own beside the rounds (`commit_log::flush_mark`'s docs). Acknowledged records within
-    /// this lag that a media error damages are cut and kept in `lost+found/` rather
-    /// than refused (README "Recovery"). Zero: after every round (deterministic
-    /// simulation tests).
+    /// write of its own beside the rounds (`commit_log::flush_mark`'s docs).
+    /// Acknowledged records within this lag that a media error damages are cut and kept
+    /// in `lost+found/` rather than refused (README "Recovery"). Zero: after every round
+    /// (deterministic simulation tests).
     pub flush_mark_interval: Duration,
     /// Commit (write buffer -> file) when at least this many pages are pending (RocketMQ: 4).
     pub commit_least_pages: u64,

@@ -1235,6 +1235,22 @@ fn restart_keeps_offsets_and_time_answers() {
 // ---------------------------------------------------------------------------------
 // Sync mode's prewritten (zero-filled) log tail.
 
+/// Waits (at most 20 s) until the first segment, `seg` bytes, holds data at or past
+/// `from` (`SEEK_DATA`), and returns where it starts.
+async fn first_data_past(root: &Path, from: u64, seg: u64) -> u64 {
+    let path = root.join("commitlog").join(coremq::io::offset_name(0));
+    let t0 = std::time::Instant::now();
+    loop {
+        match coremq::io::next_data(&path, from).unwrap() {
+            Some(d) if d < seg => return d,
+            _ => {
+                assert!(t0.elapsed() < Duration::from_secs(20), "nothing prewritten");
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
 /// The prewriter fills from the first page past the log's end, in a new log too, so
 /// no sync round writes into a hole (an allocating write, whose durable write also
 /// writes the file's inode). It fails when the prewrite starts a chunk past the end,
@@ -1248,19 +1264,9 @@ fn a_new_log_is_prewritten_from_the_page_past_its_end() {
         let store = Store::open(cfg(&root)).await.unwrap();
         let recs = put_all(&store, messages(&QS, 5, |_| 200)).await;
         let next_page = coremq::io::align_up(recs.last().unwrap().end());
-        let path = root.join("commitlog").join(coremq::io::offset_name(0));
-        let t0 = std::time::Instant::now();
-        let first_data = loop {
-            match coremq::io::next_data(&path, next_page).unwrap() {
-                Some(d) if d < seg => break d,
-                _ => {
-                    assert!(t0.elapsed() < Duration::from_secs(20), "nothing prewritten");
-                    glommio::timer::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        };
         assert_eq!(
-            first_data, next_page,
+            first_data_past(&root, next_page, seg).await,
+            next_page,
             "the blocks right past the log's end are written (zero-filled), not a hole"
         );
         store.shutdown().await.unwrap();
@@ -1292,16 +1298,7 @@ fn prewritten_zero_tail_is_the_end_of_the_log() {
             "the test wants the prewrite inside the first segment"
         );
         // Wait for the prewriter to have written blocks past the end.
-        let path = root2.join("commitlog").join(coremq::io::offset_name(0));
-        let past = coremq::io::align_up(end) + 4096;
-        let t0 = std::time::Instant::now();
-        while coremq::io::next_data(&path, past)
-            .unwrap()
-            .is_none_or(|d| d >= seg)
-        {
-            assert!(t0.elapsed() < Duration::from_secs(20), "nothing prewritten");
-            glommio::timer::sleep(Duration::from_millis(20)).await;
-        }
+        first_data_past(&root2, coremq::io::align_up(end) + 4096, seg).await;
         drop(store);
         recs
     });

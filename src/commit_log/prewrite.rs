@@ -18,14 +18,14 @@
 //! chunks and one write in flight come from block traces: refilling exactly up to the
 //! limit after every round wrote a ~300 KB piece plus an fdatasync per round (every
 //! round paid the inode write anyway), and four 4 MiB writes at once made a round's
-//! write queue behind them (round p99 14 ms). Filling the first chunk too: a first
-//! version started a chunk past `written`, so a new log's first 16 MiB (a 3 s
-//! scenario 3b run's whole log) was written by allocating rounds, 38% of those that
-//! reached a new page with an inode write of their own (block trace: ~670 inode
-//! writes a second against ~250, one per jiffy's mtime, into prewritten blocks).
+//! write queue behind them (round p99 14 ms). The first chunk is filled too: left
+//! sparse, a new log's first 16 MiB (a 3 s scenario 3b run's whole log) was written by
+//! allocating rounds, 38% of those that reached a new page with an inode write of
+//! their own (block trace: ~670 inode writes a second against ~250, one per jiffy's
+//! mtime, into prewritten blocks).
 //!
 //! Invariants: it only writes at or past the page of `written`, where no commit has
-//! written yet, and a commit or round that would reach a chunk in flight waits for it
+//! written yet, and a commit or round that would reach the piece in flight waits for it
 //! (`wait_prewrite_clear`; the group-commit thread is told the same range), because two
 //! in-flight writes of a page land in any order. Recovery needs nothing new: a
 //! zero-filled tail reads as never-written bytes (`BadMagic(0)`), which end the log;

@@ -24,8 +24,8 @@
 //! Between two samples every call happened within one second of the first (a later
 //! one would have taken a sample first), so a counter's value at any time is known to
 //! within one second's calls: a rate is `(count now - count at the window's start) /
-//! window`, exact but for that second. A window longer than the history (just after open) is measured over the
-//! history instead, and is `None` until a second has passed.
+//! window`, exact but for that second. A window longer than the history (just after
+//! open) is measured over the history instead, and is `None` until a second has passed.
 //!
 //! The snapshot ([`StoreStats`]) adds what the store's positions say at that moment:
 //! dispatch lag (written but not yet in the queues), commit and flush lag, and the
