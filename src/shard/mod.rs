@@ -11,6 +11,8 @@
 //!   creation.
 //! * `sharded_store`: [`ShardedStore`] and [`ShardedConfig`], the executor threads,
 //!   open and shutdown, and how a dead shard is noticed.
+//! * `placement`: which CPU each shard runs on by default (the data disk's interrupt
+//!   CPUs first when there are CPUs to spare).
 //! * `ops`: [`Route`] (run work on a shard's store) and [`StoreOps`], every operation
 //!   written once over any `Route`.
 //! * `handle`: [`Handle`], the `Send + Sync + Clone` route from any thread, and the
@@ -31,6 +33,7 @@ mod handle;
 mod meta;
 mod ops;
 mod ownership;
+mod placement;
 mod reply;
 mod rings;
 mod sharded_store;

@@ -22,8 +22,9 @@
 //!   awake only while requests arrive close together (`awake_window`) or while it
 //!   waits for another shard's reply that is expected soon (`reply_spin`) or for a
 //!   timer due soon (`timer_spin`): `wait.rs`.
-//! * **Placement** (`pin`, `cpus`): shard `i` runs on `cpus[i]` (default: the `i`-th
-//!   CPU this process may use), or wherever the kernel puts it (`pin = false`).
+//! * **Placement** (`pin`, `cpus`): shard `i` runs on `cpus[i]` (default: the CPUs
+//!   this process may use, the data disk's interrupt CPUs first when there are fewer
+//!   shards than CPUs: `placement.rs`), or wherever the kernel puts it (`pin = false`).
 
 use super::handle::{self, Handle, Inbox};
 use super::meta::read_or_create_meta;
@@ -58,10 +59,10 @@ pub struct ShardedConfig {
     /// Pin each shard's executor to one CPU (see `cpus`); `false`: the kernel places
     /// them.
     pub pin: bool,
-    /// With `pin`: shard `i` runs on CPU `cpus[i]`. `None` (default): the `i`-th CPU
-    /// this process may use (shards beyond them are not pinned). Which CPU takes the
-    /// disk's interrupts is a fact of the machine: README "Measured" has what it did
-    /// to the shard placed there.
+    /// With `pin`: shard `i` runs on CPU `cpus[i]`. `None` (default): the CPUs this
+    /// process may use, in order, except that with fewer shards than CPUs the CPUs
+    /// taking the data disk's interrupts come first (a sync put's round is woken
+    /// there: `placement.rs`); shards beyond the CPUs are not pinned.
     pub cpus: Option<Vec<usize>>,
     /// After requests that arrived closer together than this, a shard keeps its
     /// executor awake (polling, not parked) for this long, so the next request finds
@@ -149,19 +150,24 @@ impl ShardedConfig {
         (0..self.shards).try_for_each(|i| self.shard_config(i).validate())
     }
 
-    /// The CPU shard `i` is pinned to, if any.
-    fn cpu_of(&self, i: usize) -> Option<usize> {
+    /// The CPU each shard is pinned to, if any (`placement.rs` when `cpus` is not
+    /// given; the root must exist: its disk decides).
+    fn shard_cpus(&self) -> Vec<Option<usize>> {
         if !self.pin {
-            return None;
+            return vec![None; self.shards];
         }
         match &self.cpus {
-            Some(list) => list.get(i).copied(),
-            None => crate::shard::wait::allowed_cpus().get(i).copied(),
+            Some(list) => (0..self.shards).map(|i| list.get(i).copied()).collect(),
+            None => super::placement::shard_cpus(
+                &crate::shard::wait::allowed_cpus(),
+                self.shards,
+                &self.root,
+            ),
         }
     }
 
-    fn executor(&self, i: usize) -> glommio::LocalExecutorBuilder {
-        let placement = match self.cpu_of(i) {
+    fn executor(&self, i: usize, cpu: Option<usize>) -> glommio::LocalExecutorBuilder {
+        let placement = match cpu {
             Some(cpu) => glommio::Placement::Fixed(cpu),
             None => glommio::Placement::Unbound,
         };
@@ -202,6 +208,7 @@ impl ShardedStore {
         let (handle, inboxes) =
             Handle::new(cfg.shards, cfg.channel_capacity, ownership, cfg.reply_spin);
         let beats = cfg.stall_threshold.map(|t| Beats::new(cfg.shards, t));
+        let cpus = cfg.shard_cpus();
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         for (i, inbox) in inboxes.into_iter().enumerate() {
@@ -211,7 +218,7 @@ impl ShardedStore {
             let b = beats.clone();
             let waits = (cfg.awake_window, cfg.timer_spin);
             let spawned = cfg
-                .executor(i)
+                .executor(i, cpus[i])
                 .spawn(move || shard_main(i, store_cfg, inbox, h, waits, ready_tx, b));
             match spawned {
                 Ok(t) => threads.push(t),
