@@ -223,8 +223,8 @@ impl Store {
             }
             FlushMode::Sync => {
                 let log = &inner.log;
-                log.wake_sync_writer();
                 if wait {
+                    log.sync_put_appended().await;
                     // Timed out by the deadline ticker, not a timer per put. Closed
                     // (`Some(false)`): the flush failed; the record may be durable (module
                     // docs).
@@ -233,6 +233,9 @@ impl Store {
                         Some(true) => PutStatus::PutOk,
                         Some(false) | None => PutStatus::FlushDiskTimeout,
                     };
+                } else {
+                    // Not waited for: the thread writes it, the shard goes on.
+                    log.wake_sync_writer();
                 }
             }
         }

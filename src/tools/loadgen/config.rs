@@ -242,6 +242,11 @@ pub struct LoadConfig {
     /// How sync-flush rounds reach the disk (the store's `sync_flush_io`)
     #[arg(long, value_enum, default_value_t = SyncIo::Dsync)]
     pub sync_io: SyncIo,
+    /// Whether a sync put that finds the group-commit thread idle and its shard with
+    /// nothing else to run writes the round itself (the store's
+    /// `sync_flush_lead_when_idle`, off by default)
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub sync_lead: bool,
     /// Zero-fill the commit log this many MiB ahead of the write position (the store's
     /// `commit_log_prewrite_bytes`); default: the store's default (the write pool in
     /// sync mode, off in async mode)
@@ -374,6 +379,7 @@ impl LoadConfig {
             SyncIo::Dsync => SyncFlushIo::DsyncWrite,
             SyncIo::Ring => SyncFlushIo::RingWriteFdatasync,
         };
+        c.sync_flush_lead_when_idle = self.sync_lead;
         if let Some(mib) = self.prewrite_mib {
             c.commit_log_prewrite_bytes = Some(mib << 20);
         }
@@ -468,6 +474,7 @@ impl LoadConfig {
             "max_dispatch_lag_mib": self.max_dispatch_lag_mib,
             "read_cache_mib": self.read_cache_mib,
             "sync_io": match self.sync_io { SyncIo::Dsync => "dsync", SyncIo::Ring => "ring" },
+            "sync_lead": self.sync_lead,
             "prewrite_mib": self.prewrite_mib,
             "segment_mib": self.segment_mib,
             "spare_segments": self.spare_segments,

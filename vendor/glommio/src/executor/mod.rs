@@ -2450,6 +2450,30 @@ impl ExecutorProxy {
         };
     }
 
+    /// coremq patch v: whether a task other than the one running now is ready to run
+    /// on this executor (queued in the current task queue or in another active one).
+    /// I/O completions and foreign wakes not yet taken in are not counted. Called
+    /// outside a task, it answers for every task queue.
+    pub fn other_tasks_ready(&self) -> bool {
+        let ready = |ex: &LocalExecutor| {
+            let q = ex.queues.borrow();
+            !q.active_executors.is_empty()
+                || q
+                    .active_executing
+                    .as_ref()
+                    .is_some_and(|tq| tq.borrow().ex.is_active())
+        };
+        #[cfg(not(feature = "native-tls"))]
+        return LOCAL_EX.with(ready);
+
+        #[cfg(feature = "native-tls")]
+        return ready(unsafe {
+            LOCAL_EX
+                .as_ref()
+                .expect("this thread doesn't have a LocalExecutor running")
+        });
+    }
+
     /// Returns the [`TaskQueueHandle`] that represents the TaskQueue currently
     /// running. This can be passed directly into [`crate::spawn_local_into`].
     /// This must be run from a task that was generated through
