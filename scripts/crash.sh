@@ -3,13 +3,15 @@
 # killed with SIGKILL at random moments, the store is reopened and every acknowledged
 # put is checked, cycle after cycle on one growing store (see tests/crash_loop.rs).
 #
-# Usage: scripts/crash.sh [--cycles N] [--seed S] [--dir DIR] [--full-every K]
+# Usage: scripts/crash.sh [--cycles N] [--seed S] [--dir DIR] [--full-every K] [--sync-lead]
 #   --cycles N  kill/verify cycles (default 200)
 #   --full-every K  check the whole store (and run inspect check) every K-th cycle and
 #               the last; the others check each queue's tail, a sample of older
 #               entries and the lookups (default 1: every cycle; a whole-store check
 #               costs time in proportion to the store, so long runs want ~25-50)
 #   --seed S    replay a run (default: from the clock; printed either way)
+#   --sync-lead the writers' shards lead their rounds when idle (the store's
+#               sync_flush_lead_when_idle; default: off, as the store's default)
 #   --dir DIR   where the work directory goes (default: the temp dir); a failing
 #               run keeps its store there and prints the path
 #
@@ -28,7 +30,8 @@ while [ $# -gt 0 ]; do
         --seed) seed="$2"; shift ;;
         --dir) dir="$2"; shift ;;
         --full-every) full_every="$2"; shift ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --sync-lead) export COREMQ_CRASH_SYNC_LEAD=1 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "crash.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift

@@ -52,6 +52,7 @@
 //!   clock; always printed, so a failure can be replayed, within timing);
 //! * `COREMQ_CRASH_DIR`: where to make the work directory (default: the temp dir);
 //! * `COREMQ_CRASH_FULL_EVERY` (default 1): a whole-store check every N cycles (above);
+//! * `COREMQ_CRASH_SYNC_LEAD` (set: on): the store's `sync_flush_lead_when_idle`;
 //! * `COREMQ_TEST_LOG`: the store's tracing output (children's go to their logs).
 //!
 //! ```sh
@@ -107,6 +108,8 @@ fn config(root: &Path) -> ShardedConfig {
     cfg.pin = false;
     cfg.store = StoreConfig::small_for_tests(root);
     cfg.store.flush_mode = FlushMode::Sync;
+    // `scripts/crash.sh --sync-lead`: shards write their rounds themselves when idle.
+    cfg.store.sync_flush_lead_when_idle = std::env::var_os("COREMQ_CRASH_SYNC_LEAD").is_some();
     cfg
 }
 
