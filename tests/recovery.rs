@@ -1273,6 +1273,34 @@ fn a_new_log_is_prewritten_from_the_page_past_its_end() {
     });
 }
 
+/// With `sync_flush_lead_when_idle`, sync puts made one at a time by a task on the
+/// shard are written by the shard itself (`sync_rounds_led` counts the rounds), each
+/// durable when its put returns; without it the group-commit thread writes every round.
+/// Either way every record is there after the reopen.
+#[test]
+fn an_idle_shard_leads_its_sync_rounds_only_when_asked() {
+    for lead in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("s");
+        run(move || async move {
+            let mut c = cfg(&root);
+            c.sync_flush_lead_when_idle = lead;
+            let store = Store::open(c.clone()).await.unwrap();
+            let recs = put_all(&store, messages(&QS, 60, |i| 100 + i as usize * 13)).await;
+            let led = store.stats().sync_rounds_led;
+            if lead {
+                assert!(led > 0 && led <= 60, "lead on: {led} rounds led");
+            } else {
+                assert_eq!(led, 0, "lead off");
+            }
+            store.shutdown().await.unwrap();
+            let store = Store::open(c).await.unwrap();
+            check_intact(&store, &recs, "after the reopen").await;
+            store.shutdown().await.unwrap();
+        });
+    }
+}
+
 /// Sync flush zero-fills the log ahead of the write position (`commit_log_prewrite_bytes`)
 /// so flushes land in written blocks. The zero tail must read as the end of the log
 /// after an unclean stop and after a clean one (nothing cut, nothing lost), puts must

@@ -161,6 +161,8 @@ pub struct GroupCommit {
     layout: Layout,
     /// The padded last page of a round the shard runs itself.
     lead_page: RefCell<AlignedBuf>,
+    /// Rounds the shard ran itself.
+    led: Cell<u64>,
 }
 
 impl GroupCommit {
@@ -191,6 +193,7 @@ impl GroupCommit {
                 page.set_len(PAGE);
                 page
             }),
+            led: Cell::new(0),
         })
     }
 
@@ -283,6 +286,7 @@ impl GroupCommit {
             }
         };
         let result = write_round(&round, &mut self.lead_page.borrow_mut());
+        self.led.set(self.led.get() + 1);
         let mut st = sh.lock();
         st.leading = false;
         match result {
@@ -555,6 +559,15 @@ impl CommitLog {
             Handoff::Lead
         };
         self.publish(&gc, handoff);
+    }
+
+    /// Sync-flush rounds the shard wrote itself (`sync_flush_lead_when_idle`) since the
+    /// group-commit thread started.
+    pub fn sync_rounds_led(&self) -> u64 {
+        self.group_commit
+            .borrow()
+            .as_ref()
+            .map_or(0, |gc| gc.led.get())
     }
 
     /// Hands `written` and the buffers below it to the group-commit thread, and takes

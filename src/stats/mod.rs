@@ -218,6 +218,9 @@ pub struct StoreStats {
     /// Spare segments zero-filled and ready, and still to be zero-filled.
     pub spare_segments_ready: u64,
     pub spare_segments_pending: u64,
+    /// Sync-flush rounds the shard wrote itself instead of its group-commit thread
+    /// (`StoreConfig::sync_flush_lead_when_idle`).
+    pub sync_rounds_led: u64,
     /// Turns of the shard's executor over the stall threshold (`crate::shard::stall`).
     pub stalls: u64,
     /// The last stall: how long and which task queues ran (per shard).
@@ -257,6 +260,7 @@ impl StoreStats {
             t.segments_reused += s.segments_reused;
             t.spare_segments_ready += s.spare_segments_ready;
             t.spare_segments_pending += s.spare_segments_pending;
+            t.sync_rounds_led += s.sync_rounds_led;
             t.stalls += s.stalls;
             t.self_checks += s.self_checks;
             t.self_check_problems += s.self_check_problems;

@@ -10,7 +10,7 @@ use std::fmt::Write;
 /// shard order) to `out`.
 pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
     type Pick = fn(&StoreStats) -> u64;
-    let counters: [(&str, &str, Pick); 12] = [
+    let counters: [(&str, &str, Pick); 13] = [
         ("coremq_store_put_calls_total", "Store put calls.", |s| {
             s.put_calls
         }),
@@ -66,6 +66,11 @@ pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
             "coremq_store_segments_reused_total",
             "Commit-log segments taken from the spares (recycled).",
             |s| s.segments_reused,
+        ),
+        (
+            "coremq_store_sync_rounds_led_total",
+            "Sync-flush rounds a shard wrote itself instead of its group-commit thread.",
+            |s| s.sync_rounds_led,
         ),
     ];
     for (name, help, pick) in counters {
