@@ -487,7 +487,9 @@ mod tests {
     #[test]
     fn join_all_polls_only_what_was_woken() {
         let polls: Vec<Rc<Cell<usize>>> = (0..4).map(|_| Rc::new(Cell::new(0))).collect();
-        let slots: Vec<Rc<RefCell<(bool, Option<Waker>)>>> = (0..3)
+        // Per future: released yet, and the waker it left.
+        type Slot = Rc<RefCell<(bool, Option<Waker>)>>;
+        let slots: Vec<Slot> = (0..3)
             .map(|_| Rc::new(RefCell::new((false, None))))
             .collect();
         let mut futs: Vec<Pin<Box<dyn Future<Output = usize>>>> = Vec::new();
