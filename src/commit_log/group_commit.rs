@@ -125,6 +125,24 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Records how `round` ended (the thread's or one the shard led), under the lock
+    /// `st`: the new durable position, or the error that stops the thread. Returns
+    /// whether it failed.
+    fn finish_round(&self, st: &mut State, round: &Round, result: std::io::Result<()>) -> bool {
+        match result {
+            Ok(()) => {
+                self.flushed.store(round.target, Ordering::Release);
+                false
+            }
+            Err(e) => {
+                st.error = Some((round.file_pos, e));
+                self.failed.store(true, Ordering::Release);
+                st.stop = true;
+                true
+            }
+        }
+    }
 }
 
 /// What a publish does when the thread waits for work and bytes wait to be made
@@ -289,14 +307,9 @@ impl GroupCommit {
         self.led.set(self.led.get() + 1);
         let mut st = sh.lock();
         st.leading = false;
-        match result {
-            Ok(()) => sh.flushed.store(round.target, Ordering::Release),
-            Err(e) => {
-                st.error = Some((round.file_pos, e));
-                sh.failed.store(true, Ordering::Release);
-                st.stop = true;
-                sh.wake.notify_one();
-            }
+        if sh.finish_round(&mut st, &round, result) {
+            // The thread waits: let it see `stop` and end.
+            sh.wake.notify_one();
         }
         true
     }
@@ -486,14 +499,7 @@ fn run(sh: &Shared, layout: Layout) {
         prev_bytes = round.target - round.start;
         let waker = {
             let mut st = sh.lock();
-            match result {
-                Ok(()) => sh.flushed.store(round.target, Ordering::Release),
-                Err(e) => {
-                    st.error = Some((round.file_pos, e));
-                    sh.failed.store(true, Ordering::Release);
-                    st.stop = true;
-                }
-            }
+            sh.finish_round(&mut st, &round, result);
             st.waker.take()
         };
         if let Some(w) = waker {
