@@ -484,6 +484,89 @@ impl EnterCounter {
     }
 }
 
+/// Patches s, u, w and x together: an executor serving a socket one request at a
+/// time (a coremq node at one send in flight), with a channel wait after each request
+/// and a user timer nearer than `MAX_PARK` pending (90 ms). Each of the 100 rounds
+/// parks twice (for the socket, for the channel). With x the socket's poll is
+/// submitted by the park's own `io_uring_enter`: 311 `io_uring_enter` for 100 rounds
+/// (five runs), 410-417 without x (a poll's enter to submit it first). This test did
+/// not reproduce the clock jitter w is about (the node did: COREMQ-PATCHES.md, w).
+#[test]
+fn an_executor_serving_a_socket_parks_with_two_enters() {
+    use futures_lite::{AsyncReadExt, AsyncWriteExt};
+    use std::io::{Read, Write};
+    const WAITS: u64 = 100;
+    watched("enter-count-timer", |progress| {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("make executor");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (tx, rx) = flume::bounded::<u64>(1);
+        let addr = listener.local_addr().expect("addr");
+        let client = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_nodelay(true).expect("nodelay");
+            let mut b = [0u8; 8];
+            for i in 0..WAITS + 20 {
+                std::thread::sleep(Duration::from_millis(1));
+                if s.write_all(&i.to_le_bytes()).is_err() || s.read_exact(&mut b).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                if tx.send(i).is_err() {
+                    return;
+                }
+            }
+        });
+        let counted = ex.run(async move {
+            let (stream, _) = listener.accept().expect("accept");
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            // SAFETY: the descriptor is the accepted stream's, given up by it.
+            let mut stream = unsafe { glommio::net::TcpStream::from_raw_fd(stream.into_raw_fd()) };
+            let mut b = [0u8; 8];
+            let mut answer = async |stream: &mut glommio::net::TcpStream| {
+                stream.read_exact(&mut b).await.expect("read");
+                stream.write_all(&b).await.expect("write");
+                rx.recv_async().await.expect("client gone");
+            };
+            for _ in 0..10 {
+                answer(&mut stream).await;
+            }
+            let timer = glommio::spawn_local(glommio::timer::sleep(Duration::from_millis(90)));
+            let counter = EnterCounter::start()?;
+            let parks_before = voluntary_switches();
+            for _ in 0..WAITS {
+                answer(&mut stream).await;
+            }
+            let counted = (counter.count(), voluntary_switches() - parks_before);
+            timer.await;
+            for _ in 0..10 {
+                answer(&mut stream).await;
+            }
+            Some(counted)
+        });
+        client.join().expect("client");
+        progress.send(()).expect("watchdog gone");
+        let Some((enters, parks)) = counted else {
+            eprintln!("io_uring_enter not countable here (no tracefs or perf events)");
+            return;
+        };
+        assert!(
+            parks >= WAITS / 2,
+            "only {parks} parks in {WAITS} 1 ms waits"
+        );
+        let per_round = enters as f64 / WAITS as f64;
+        eprintln!(
+            "{enters} io_uring_enter in {WAITS} rounds ({parks} parks) with a timer pending: \
+             {per_round:.2} a round"
+        );
+        assert!(
+            per_round < 3.6,
+            "{per_round:.2} io_uring_enter per round with a timer pending ({enters} in {WAITS})"
+        );
+    });
+}
+
 /// Patch s: a parking executor keeps its sleep's latency-ring timeout armed from one
 /// park to the next instead of arming one before each sleep and cancelling it after
 /// (a `TIMEOUT` and a `TIMEOUT_REMOVE`, each its own `io_uring_enter`). Each of these

@@ -1554,7 +1554,14 @@ impl LocalExecutor {
                             let q = this.queues.borrow();
                             (q.awake_until, q.timer_spin)
                         };
-                        while !this.reactor.spin_poll_io().unwrap() {
+                        // coremq patch x: whether to park is asked before each poll,
+                        // not after: an executor that parks at once goes straight to
+                        // the park, whose `io_uring_enter` submits the I/O queued
+                        // meanwhile and sleeps, instead of a poll's `io_uring_enter`
+                        // to submit it first (the park consumes what completed, the
+                        // timers and the foreign wakes as the poll did, and does not
+                        // sleep when any of them woke a task).
+                        loop {
                             let now = Instant::now();
                             if now - pre_time > spin_before_park
                                 && awake_until.is_none_or(|until| now >= until)
@@ -1567,6 +1574,9 @@ impl LocalExecutor {
                                 this.parker
                                     .park()
                                     .expect("Failed to park! This is actually pretty bad!");
+                                break;
+                            }
+                            if this.reactor.spin_poll_io().unwrap() {
                                 break;
                             }
                         }

@@ -1068,16 +1068,33 @@ impl SleepableRing {
     // itself times out (see `sleep`).
     const WAIT_SLACK: Duration = Duration::from_millis(1);
 
+    /// coremq patch w: how much later than a sleep must end its armed latency-ring
+    /// timeout may fire and still be kept (see `Reactor::wait`).
+    pub(crate) const KEEP_SLACK: Duration = Duration::from_micros(20);
+
+    /// coremq patch x: moves the queued submissions into the SQ without submitting
+    /// them (unless the SQ fills up); `sleep` or a later flush submits them.
+    fn prepare_submissions(&mut self) -> io::Result<usize> {
+        let q = self.submission_queue();
+        let mut queue = q.borrow_mut();
+        self.consume_sqe_queue(&mut queue.submissions, false)
+    }
+
+    /// coremq patch x: `can_sleep`, with SQEs prepared but not yet submitted allowed:
+    /// `sleep` submits them with its own.
+    fn can_sleep_submitting(&self) -> bool {
+        self.submission_queue.borrow().is_empty() && self.waiting_kernel_collection() == 0
+    }
+
     // coremq patch (h): the wait also ends when the next user timer is due. The timer
     // is still armed on the latency ring, but its expiry reaches this wait only through
     // the nested poll of that ring, the path that lost wake-ups (see `MAX_PARK`): a
     // timer then fired up to `MAX_PARK` late. (Since t, `WAIT_SLACK` after the timer.)
+    //
+    // coremq patch x: SQEs prepared but not submitted (`prepare_submissions`) go in
+    // with the link's, in the same `io_uring_enter`.
     fn sleep(&mut self, link: &Source, user_timer: Option<Duration>) -> io::Result<usize> {
-        assert_eq!(
-            self.waiting_kernel_submission(),
-            0,
-            "sleeping with pending SQEs"
-        );
+        let pending = self.waiting_kernel_submission();
         if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
             let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
             let op = UringDescriptor {
@@ -1112,7 +1129,7 @@ impl SleepableRing {
                     .or_else(Reactor::again_ok)
                     .or_else(Reactor::intr_ok)?;
                 self.in_kernel += submitted;
-                if submitted != 1 {
+                if submitted != pending + 1 {
                     unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
                     return Err(io::Error::from_raw_os_error(libc::EBUSY));
                 }
@@ -1123,7 +1140,7 @@ impl SleepableRing {
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
                 .or_else(Reactor::intr_ok)?
-                != 1
+                != pending + 1
             {
                 // We failed to submit the `SQE` that links the rings. Just can't sleep.
                 // Waiting here is unsafe because we could end up waiting much longer than
@@ -1942,7 +1959,17 @@ impl Reactor {
         flush_cancellations!(into &mut woke; lat_ring, poll_ring, main_ring);
         // ... which happens right here. If you ever reorder this code just
         // be careful about this dependency.
-        flush_rings!(lat_ring, poll_ring, main_ring)?;
+        //
+        // coremq patch x: the main ring's submissions are moved into its SQ here but
+        // submitted by the sleep's own `io_uring_enter` (`SleepableRing::sleep`), or
+        // below when this call does not sleep: one `io_uring_enter` per park instead
+        // of two when the loop queued I/O (a socket's poll, every park of a node).
+        flush_rings!(lat_ring, poll_ring)?;
+        main_ring
+            .prepare_submissions()
+            .or_else(Reactor::busy_ok)
+            .or_else(Reactor::again_ok)
+            .or_else(Reactor::intr_ok)?;
         // pick up the results of any cancellations
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
@@ -1950,8 +1977,9 @@ impl Reactor {
         let should_sleep = preempt.is_none()
             && (woke == 0)
             && poll_ring.can_sleep()
-            && main_ring.can_sleep()
+            && main_ring.can_sleep_submitting()
             && lat_ring.can_sleep();
+        let mut slept = false;
 
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
@@ -1969,8 +1997,18 @@ impl Reactor {
             // coremq patch s: a timeout still armed from an earlier sleep is kept when
             // it fires no later than this sleep must end: no TIMEOUT and TIMEOUT_REMOVE
             // pair (two `io_uring_enter`) per park; it may end a later sleep early, once.
+            //
+            // coremq patch w: "no later" within `KEEP_SLACK`. `dur` is the next user
+            // timer's deadline less a clock read taken a moment earlier, so the same
+            // timer gives a `wanted` that moves by up to ~2 us from park to park;
+            // compared exactly, a node at one send in flight replaced a timeout that
+            // fired at the timer's own instant at about one park in five. Kept, the
+            // timeout may fire up to `KEEP_SLACK` after the sleep should end.
             let wanted = Instant::now() + dur;
-            let keep = self.latency_timeout_deadline.get().is_some_and(|at| at <= wanted);
+            let keep = self
+                .latency_timeout_deadline
+                .get()
+                .is_some_and(|at| at <= wanted + SleepableRing::KEEP_SLACK);
             if !keep {
                 drop(self.latency_preemption_timeout_src.take());
                 self.latency_preemption_timeout_src
@@ -1994,6 +2032,7 @@ impl Reactor {
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
+                    slept = true;
                     self.link_rings_and_sleep(&mut main_ring, user_timer)
                         .expect("some error");
                     // May have new cancellations related to the link ring fd.
@@ -2004,6 +2043,11 @@ impl Reactor {
                 // Woke up, so no need to notify us anymore.
                 self.notifier.wake_up();
             }
+        }
+
+        // coremq patch x: what the main ring prepared above and no sleep submitted.
+        if !slept {
+            flush_rings!(main_ring)?;
         }
 
         // coremq patch p: the preempt deadline, as close as possible to the point where
