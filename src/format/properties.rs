@@ -66,9 +66,22 @@ pub fn iter(props: &[u8]) -> impl Iterator<Item = (&str, &str)> {
     })
 }
 
-/// The value of property `name`, if present (first occurrence).
+/// The value of property `name`, if present (first occurrence), as [`iter`] would
+/// find it. Names are compared as bytes and only the found value is checked as UTF-8
+/// (a name equal to `name` is valid UTF-8): checking every segment, as `iter` does,
+/// was ~2% of a node's CPU per single send (the dispatcher's tag lookup).
 pub fn get<'a>(props: &'a [u8], name: &str) -> Option<&'a str> {
-    iter(props).find(|(n, _)| *n == name).map(|(_, v)| v)
+    let name = name.as_bytes();
+    props.split(|b| *b == PROPERTY_SEPARATOR).find_map(|seg| {
+        if seg.len() < 3 {
+            return None;
+        }
+        let sep = seg.iter().position(|b| *b == NAME_VALUE_SEPARATOR)?;
+        if sep == 0 || sep == seg.len() - 1 || &seg[..sep] != name {
+            return None;
+        }
+        std::str::from_utf8(&seg[sep + 1..]).ok()
+    })
 }
 
 /// Writes the 20 reserved bytes of the record-CRC property for `crc`:
@@ -117,6 +130,29 @@ mod tests {
         let odd = b"\x01ab\x02a\x01\x02x\x01y\x02";
         let pairs: Vec<_> = iter(odd).collect();
         assert_eq!(pairs, vec![("x", "y")]);
+    }
+
+    #[test]
+    fn get_finds_what_iter_finds() {
+        let cases: [&[u8]; 7] = [
+            b"TAGS\x01a\x02TAGS\x01b\x02",
+            // An invalid UTF-8 value is skipped: the next occurrence counts.
+            b"TAGS\x01\xff\x02TAGS\x01ok\x02",
+            b"TAGS\x01\xff\x02",
+            // Invalid UTF-8 in another name does not hide a later match.
+            b"\xfe\x01v\x02TAGS\x01t\x02",
+            b"\x01TAGS\x02TAGS\x01\x02TA\x01GS\x02",
+            b"TAGSX\x01no\x02XTAGS\x01no\x02TAG\x01no\x02",
+            b"",
+        ];
+        for props in cases {
+            for name in [TAGS, KEYS, "TA", "X"] {
+                let want = iter(props).find(|(n, _)| *n == name).map(|(_, v)| v);
+                assert_eq!(get(props, name), want, "{name} in {props:?}");
+            }
+        }
+        assert_eq!(get(cases[1], TAGS), Some("ok"));
+        assert_eq!(get(cases[3], TAGS), Some("t"));
     }
 
     #[test]

@@ -108,7 +108,7 @@ impl Metrics {
         let name = "coremq_put_latency_seconds";
         let _ = writeln!(
             out,
-            "# HELP {name} Time a put took in the store, as the request saw it.\n# TYPE {name} histogram"
+            "# HELP {name} Time a send's put waited in the store (0 when answered in its first poll; a routed send from its hand-off).\n# TYPE {name} histogram"
         );
         for (i, m) in self.per_shard().iter().enumerate() {
             let mut cum = 0;

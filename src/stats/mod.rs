@@ -453,6 +453,25 @@ impl StatsRecorder {
     }
 }
 
+/// Runs `fut` and says how long it waited, in µs: 0 when it was ready at its first
+/// poll (no clock read), else from the end of its first poll to its end (the store's
+/// put latency, the node's `coremq_put_latency_seconds`).
+pub(crate) async fn timed<T>(fut: impl std::future::Future<Output = T>) -> (T, u64) {
+    let mut fut = std::pin::pin!(fut);
+    let mut waiting_since: Option<std::time::Instant> = None;
+    std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+        std::task::Poll::Ready(v) => {
+            let us = waiting_since.map_or(0, |t| t.elapsed().as_micros() as u64);
+            std::task::Poll::Ready((v, us))
+        }
+        std::task::Poll::Pending => {
+            waiting_since.get_or_insert_with(std::time::Instant::now);
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,5 +532,34 @@ mod tests {
         assert_eq!(total.put_messages, 20);
         assert_eq!(total.put_latency.count(), 4);
         assert!((total.put_tps.0[0].unwrap() - 2.0 * s.put_tps.0[0].unwrap()).abs() < 1e-9);
+    }
+}
+
+#[cfg(test)]
+mod timed_tests {
+    use super::timed;
+    use futures_lite::future::block_on;
+    use std::time::Duration;
+
+    #[test]
+    fn timed_reads_the_clock_only_for_a_future_that_waits() {
+        assert_eq!(block_on(timed(async { 7 })), (7, 0), "ready at once: 0 us");
+        // Pending once, woken by another thread 3 ms later.
+        let mut woken = false;
+        let waits = std::future::poll_fn(|cx| {
+            if woken {
+                return std::task::Poll::Ready(8);
+            }
+            woken = true;
+            let waker = cx.waker().clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(3));
+                waker.wake();
+            });
+            std::task::Poll::Pending
+        });
+        let (v, us) = block_on(timed(waits));
+        assert_eq!(v, 8);
+        assert!(us >= 3_000, "a wait of 3 ms timed as {us} us");
     }
 }

@@ -33,8 +33,6 @@ use crate::format::record::{self, RecordFields};
 use crate::format::schedule::{Admission, Position};
 use crate::message::*;
 use crate::wake::Deadline;
-use std::future::Future;
-use std::task::Poll;
 
 /// Buffers a put fills before it knows where its records go, kept across puts.
 #[derive(Default)]
@@ -45,24 +43,6 @@ pub(super) struct PutScratch {
     ends: Vec<usize>,
     /// Each record's encoded length.
     lens: Vec<u64>,
-}
-
-/// Runs `fut` and says how long it waited, in µs: 0 when it was ready at its first
-/// poll (no clock read), else from the end of its first poll to its end.
-async fn timed<T>(fut: impl Future<Output = T>) -> (T, u64) {
-    let mut fut = std::pin::pin!(fut);
-    let mut waiting_since: Option<std::time::Instant> = None;
-    std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
-        Poll::Ready(v) => {
-            let us = waiting_since.map_or(0, |t| t.elapsed().as_micros() as u64);
-            Poll::Ready((v, us))
-        }
-        Poll::Pending => {
-            waiting_since.get_or_insert_with(std::time::Instant::now);
-            Poll::Pending
-        }
-    })
-    .await
 }
 
 fn valid_topic_char(b: u8) -> bool {
@@ -103,7 +83,7 @@ impl Store {
     /// [`Store::put_many_unrecorded`], counted in the store's statistics (its time
     /// read from the clock only if it waits, `crate::stats`).
     async fn put_many(&self, msgs: &[Message]) -> PutResult {
-        let (r, latency_us) = timed(self.put_many_unrecorded(msgs)).await;
+        let (r, latency_us) = crate::stats::timed(self.put_many_unrecorded(msgs)).await;
         let stored = r.status.is_stored();
         self.inner.stats.put(
             latency_us,
@@ -410,34 +390,5 @@ impl Inner {
         let ts = crate::now_ms().max(self.last_store_ts.get());
         self.last_store_ts.set(ts);
         ts
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::timed;
-    use futures_lite::future::block_on;
-    use std::time::Duration;
-
-    #[test]
-    fn timed_reads_the_clock_only_for_a_future_that_waits() {
-        assert_eq!(block_on(timed(async { 7 })), (7, 0), "ready at once: 0 us");
-        // Pending once, woken by another thread 3 ms later.
-        let mut woken = false;
-        let waits = std::future::poll_fn(|cx| {
-            if woken {
-                return std::task::Poll::Ready(8);
-            }
-            woken = true;
-            let waker = cx.waker().clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(3));
-                waker.wake();
-            });
-            std::task::Poll::Pending
-        });
-        let (v, us) = block_on(timed(waits));
-        assert_eq!(v, 8);
-        assert!(us >= 3_000, "a wait of 3 ms timed as {us} us");
     }
 }

@@ -315,13 +315,17 @@ pub(super) async fn send(
     let batch = code == SEND_BATCH_MESSAGE
         || h.get(SendField::Batch)
             .is_some_and(|b| b == "1" || b.eq_ignore_ascii_case("true"));
-    let began = std::time::Instant::now();
+    // The put's time for `coremq_put_latency_seconds`: its waits only (no clock read
+    // for a put answered in its first poll, `crate::stats::timed`).
+    let waited_us: u64;
     let mut transactional = false;
     // The batch and half-message paths are boxed: this future is as large as all its
     // awaited futures together, and the task serving a send is spawned (copied whole)
     // per request (docs/performance/node.md, "The request task's size").
     let (result, ids, bytes, n) = if batch {
-        Box::pin(put_batch(st, &base, body)).await?
+        let (r, us) = crate::stats::timed(Box::pin(put_batch(st, &base, body))).await;
+        waited_us = us;
+        r?
     } else {
         if let Some((there, _, _)) = there {
             there
@@ -336,13 +340,15 @@ pub(super) async fn send(
             refuse_transactional(st)?;
             // A half message waits in the half topic (`crate::transaction`).
             let half = crate::transaction::half(msg.into_inner());
-            Box::pin(async move {
+            let (r, us) = crate::stats::timed(Box::pin(async move {
                 match local_owner(&half.topic, half.queue_id) {
                     Some(store) => store.put(&half).await,
                     None => st.handle.put(half).await,
                 }
-            })
-            .await
+            }))
+            .await;
+            waited_us = us;
+            r
         } else {
             let there = there.filter(|(t, _, _)| t.owner_answers);
             let local = local_owner(topic, queue_id);
@@ -350,14 +356,21 @@ pub(super) async fn send(
                 st.metrics.routed_sends.fetch_add(1, Ordering::Relaxed);
             }
             match (local, there) {
-                (Some(store), _) => store.put(&msg).await,
+                (Some(store), _) => {
+                    let (r, us) = crate::stats::timed(store.put(&msg)).await;
+                    waited_us = us;
+                    r
+                }
                 (None, Some((there, to, oneway))) => {
                     let msg = msg.into_inner();
+                    let began = std::time::Instant::now();
                     hand_off(st, there, to, oneway, shard, msg, began).await;
                     return Ok(Sent::Elsewhere);
                 }
                 (None, None) => {
-                    let (r, back) = st.handle.put_and_return(msg.into_inner()).await;
+                    let ((r, back), us) =
+                        crate::stats::timed(st.handle.put_and_return(msg.into_inner())).await;
+                    waited_us = us;
                     // Back to this thread's pool (freed here if the pool is full).
                     drop(back.map(pool::PooledMessage::adopt));
                     r
@@ -375,7 +388,7 @@ pub(super) async fn send(
         transactional,
         bytes,
         n,
-        began,
+        took: PutTook::Waited(waited_us),
     };
     let mut reply = stored.answer(st, result, ids)?;
     if let Some(m) = mine {
@@ -416,7 +429,26 @@ struct Stored<'a> {
     transactional: bool,
     bytes: u64,
     n: u64,
-    began: std::time::Instant,
+    took: PutTook,
+}
+
+/// How long a put took, for `coremq_put_latency_seconds`.
+enum PutTook {
+    /// Its waits, in µs (`crate::stats::timed`: 0 when answered in its first poll),
+    /// as the store's own put latency counts (`crate::stats`).
+    Waited(u64),
+    /// Since it was handed to the shard owning its queue (a routed send: the hop
+    /// counts).
+    Since(std::time::Instant),
+}
+
+impl PutTook {
+    fn duration(&self) -> std::time::Duration {
+        match self {
+            PutTook::Waited(us) => std::time::Duration::from_micros(*us),
+            PutTook::Since(at) => at.elapsed(),
+        }
+    }
 }
 
 impl Stored<'_> {
@@ -434,9 +466,9 @@ impl Stored<'_> {
             transactional,
             bytes,
             n,
-            began,
+            ref took,
         } = *self;
-        st.metrics.put_took(shard, began.elapsed());
+        st.metrics.put_took(shard, took.duration());
         let (code, remark) = put_code(result.status);
         if !result.status.is_stored() {
             return Err(reject(code, remark.unwrap_or_default()));
@@ -491,7 +523,7 @@ async fn hand_off(
             transactional: false,
             bytes: msg.body.len() as u64,
             n: 1,
-            began,
+            took: PutTook::Since(began),
         };
         let reply = stored.answer(&answering.st, r, ids);
         answering.answer(reply);
