@@ -1070,7 +1070,7 @@ impl SleepableRing {
 
     /// coremq patch w: how much later than a sleep must end its armed latency-ring
     /// timeout may fire and still be kept (see `Reactor::wait`).
-    pub(crate) const KEEP_SLACK: Duration = Duration::from_micros(20);
+    pub(crate) const KEEP_SLACK: Duration = Duration::from_micros(5);
 
     /// coremq patch x: moves the queued submissions into the SQ without submitting
     /// them (unless the SQ fills up); `sleep` or a later flush submits them.
