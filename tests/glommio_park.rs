@@ -484,6 +484,29 @@ impl EnterCounter {
     }
 }
 
+/// `io_uring_enter` calls and parks (voluntary context switches) of the calling
+/// thread while `body` runs; `None` where the calls cannot be counted.
+async fn count_enters(body: impl std::future::Future<Output = ()>) -> Option<(u64, u64)> {
+    let counter = EnterCounter::start()?;
+    let parks_before = voluntary_switches();
+    body.await;
+    Some((counter.count(), voluntary_switches() - parks_before))
+}
+
+/// [`count_enters`]'s result, checked: printed and `None` where nothing was counted;
+/// the executor must have parked in at least half of the `waits` 1 ms waits.
+fn parked(counted: Option<(u64, u64)>, waits: u64) -> Option<(u64, u64)> {
+    let Some((enters, parks)) = counted else {
+        eprintln!("io_uring_enter not countable here (no tracefs or perf events)");
+        return None;
+    };
+    assert!(
+        parks >= waits / 2,
+        "only {parks} parks in {waits} 1 ms waits"
+    );
+    Some((enters, parks))
+}
+
 /// Patches s, u, w and x together: an executor serving a socket one request at a
 /// time (a coremq node at one send in flight), with a channel wait after each request
 /// and a user timer nearer than `MAX_PARK` pending (90 ms). Each of the 100 rounds
@@ -533,28 +556,23 @@ fn an_executor_serving_a_socket_parks_with_two_enters() {
                 answer(&mut stream).await;
             }
             let timer = glommio::spawn_local(glommio::timer::sleep(Duration::from_millis(90)));
-            let counter = EnterCounter::start()?;
-            let parks_before = voluntary_switches();
-            for _ in 0..WAITS {
-                answer(&mut stream).await;
-            }
-            let counted = (counter.count(), voluntary_switches() - parks_before);
+            let counted = count_enters(async {
+                for _ in 0..WAITS {
+                    answer(&mut stream).await;
+                }
+            })
+            .await;
             timer.await;
             for _ in 0..10 {
                 answer(&mut stream).await;
             }
-            Some(counted)
+            counted
         });
         client.join().expect("client");
         progress.send(()).expect("watchdog gone");
-        let Some((enters, parks)) = counted else {
-            eprintln!("io_uring_enter not countable here (no tracefs or perf events)");
+        let Some((enters, parks)) = parked(counted, WAITS) else {
             return;
         };
-        assert!(
-            parks >= WAITS / 2,
-            "only {parks} parks in {WAITS} 1 ms waits"
-        );
         let per_round = enters as f64 / WAITS as f64;
         eprintln!(
             "{enters} io_uring_enter in {WAITS} rounds ({parks} parks) with a timer pending: \
@@ -592,24 +610,19 @@ fn a_parking_executor_keeps_its_sleep_timeout_armed() {
             for _ in 0..10 {
                 rx.recv_async().await.expect("sender gone");
             }
-            let counter = EnterCounter::start()?;
-            let parks_before = voluntary_switches();
-            for _ in 0..WAITS {
-                rx.recv_async().await.expect("sender gone");
-            }
-            Some((counter.count(), voluntary_switches() - parks_before))
+            count_enters(async {
+                for _ in 0..WAITS {
+                    rx.recv_async().await.expect("sender gone");
+                }
+            })
+            .await
         });
         drop(rx);
         sender.join().expect("sender");
         progress.send(()).expect("watchdog gone");
-        let Some((enters, parks)) = counted else {
-            eprintln!("io_uring_enter not countable here (no tracefs or perf events)");
+        let Some((enters, parks)) = parked(counted, WAITS) else {
             return;
         };
-        assert!(
-            parks >= WAITS / 2,
-            "only {parks} parks in {WAITS} 1 ms waits"
-        );
         let per_park = enters as f64 / parks as f64;
         eprintln!("{enters} io_uring_enter in {parks} parks: {per_park:.2} each");
         assert!(

@@ -533,16 +533,10 @@ mod tests {
         assert_eq!(total.put_latency.count(), 4);
         assert!((total.put_tps.0[0].unwrap() - 2.0 * s.put_tps.0[0].unwrap()).abs() < 1e-9);
     }
-}
-
-#[cfg(test)]
-mod timed_tests {
-    use super::timed;
-    use futures_lite::future::block_on;
-    use std::time::Duration;
 
     #[test]
     fn timed_reads_the_clock_only_for_a_future_that_waits() {
+        use futures_lite::future::block_on;
         assert_eq!(block_on(timed(async { 7 })), (7, 0), "ready at once: 0 us");
         // Pending once, woken by another thread 3 ms later.
         let mut woken = false;
@@ -553,7 +547,7 @@ mod timed_tests {
             woken = true;
             let waker = cx.waker().clone();
             std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(3));
+                std::thread::sleep(std::time::Duration::from_millis(3));
                 waker.wake();
             });
             std::task::Poll::Pending
