@@ -381,28 +381,26 @@ impl ConsumeQueue {
 
     /// Writes the in-memory tail to disk and fdatasyncs it.
     pub async fn flush(&self) -> Result<()> {
-        let jobs: Vec<(u64, u64, usize, Vec<u8>)> = self
+        let firsts: Vec<u64> = self
             .tails
             .borrow()
             .iter()
             .filter(|(_, t)| !t.bytes.is_empty())
-            .map(|(first, t)| {
-                let mut data = t.bytes.clone();
-                let copied = data.len();
-                data.resize(align_up(copied as u64) as usize, 0);
-                (*first, t.page_pos, copied, data)
-            })
+            .map(|(first, _)| *first)
             .collect();
-        for (first, page_pos, copied, data) in jobs {
+        for first in firsts {
             // The table flushes 16 queues at once (one poll starts them all): a bounded
-            // background turn ends here (`crate::shard::turns`); polls preparing 16
-            // queues' writes took up to ~360 us.
+            // background turn ends here (`crate::shard::turns`).
             glommio::yield_if_needed().await;
-            // Entries appended while this flush awaits stay in the tail for the next one.
             let file = self.file_or_create(first).await?;
-            file.write_aligned(page_pos, &data).await?;
+            // Entries appended while this flush awaits stay in the tail for the next one.
+            let Some((page_pos, copied, buf)) = self.tail_buffer(first) else {
+                continue;
+            };
+            let written_end = page_pos + buf.len() as u64;
+            file.write_buf(page_pos, buf).await?;
             let complete = page_pos + copied as u64 == self.file_bytes;
-            if page_pos + data.len() as u64 > self.file_bytes {
+            if written_end > self.file_bytes {
                 // The padded last page reached past the file's exact size: cut it back.
                 file.truncate(self.file_bytes).await?;
             }
@@ -417,6 +415,21 @@ impl ConsumeQueue {
             }
         }
         Ok(())
+    }
+
+    /// The tail of file `first` as it is now, copied once into a write's DMA buffer
+    /// (the partial last page padded with zeros): its page position, its length and
+    /// the buffer. A copy into a `Vec` first, then into the buffer, made the flush's
+    /// polls of 150-860 us (58 in a 6 s run at 67,000 msg/s).
+    fn tail_buffer(&self, first: u64) -> Option<(u64, usize, glommio::io::DmaBuffer)> {
+        let tails = self.tails.borrow();
+        let t = tails.get(&first).filter(|t| !t.bytes.is_empty())?;
+        let copied = t.bytes.len();
+        let mut buf = glommio::allocate_dma_buffer(align_up(copied as u64) as usize);
+        let out = buf.as_bytes_mut();
+        out[..copied].copy_from_slice(&t.bytes);
+        out[copied..].fill(0);
+        Some((t.page_pos, copied, buf))
     }
 
     async fn file_or_create(&self, first: u64) -> Result<Rc<File>> {
