@@ -30,6 +30,7 @@
 
 mod context;
 mod handle;
+mod io_workers;
 mod meta;
 mod ops;
 mod ownership;

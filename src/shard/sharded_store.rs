@@ -25,6 +25,8 @@
 //! * **Placement** (`pin`, `cpus`): shard `i` runs on `cpus[i]` (default: the CPUs
 //!   this process may use, the data disk's interrupt CPUs first when there are fewer
 //!   shards than CPUs: `placement.rs`), or wherever the kernel puts it (`pin = false`).
+//!   A shard's io_uring workers (its file writes) go to the CPUs that hold no shard,
+//!   when there are any (`io_worker_cpus`, `io_workers.rs`).
 
 use super::handle::{self, Handle, Inbox};
 use super::meta::read_or_create_meta;
@@ -64,6 +66,12 @@ pub struct ShardedConfig {
     /// taking the data disk's interrupts come first (a sync put's round is woken
     /// there: `placement.rs`); shards beyond the CPUs are not pinned.
     pub cpus: Option<Vec<usize>>,
+    /// The CPUs each shard's io_uring workers (its file writes and fdatasyncs) may run
+    /// on. `None` (default): with `pin`, the CPUs this process may use that hold no
+    /// shard, when there are any, else the kernel's default (the shard's own CPU);
+    /// `Some(list)`: those CPUs, an empty list keeping the kernel's default.
+    /// `io_workers.rs`.
+    pub io_worker_cpus: Option<Vec<usize>>,
     /// After requests that arrived closer together than this, a shard keeps its
     /// executor awake (polling, not parked) for this long, so the next request finds
     /// it awake; zero: always park when idle. `wait.rs`.
@@ -102,6 +110,7 @@ impl ShardedConfig {
                 .unwrap_or(1),
             pin: true,
             cpus: None,
+            io_worker_cpus: None,
             awake_window: DEFAULT_AWAKE_WINDOW,
             reply_spin: DEFAULT_REPLY_SPIN,
             timer_spin: DEFAULT_TIMER_SPIN,
@@ -147,7 +156,26 @@ impl ShardedConfig {
                 )));
             }
         }
+        if let Some(list) = &self.io_worker_cpus {
+            let allowed = crate::shard::wait::allowed_cpus();
+            if let Some(c) = list.iter().find(|c| !allowed.contains(c)) {
+                return Err(Error::Config(format!(
+                    "io_worker_cpus: CPU {c} is not one this process may run on ({allowed:?})"
+                )));
+            }
+        }
         (0..self.shards).try_for_each(|i| self.shard_config(i).validate())
+    }
+
+    /// The CPUs the shards' io_uring workers go to (empty: the kernel's default).
+    fn io_worker_cpus(&self, shard_cpus: &[Option<usize>]) -> Vec<usize> {
+        match &self.io_worker_cpus {
+            Some(list) => list.clone(),
+            None => super::io_workers::default_worker_cpus(
+                &crate::shard::wait::allowed_cpus(),
+                shard_cpus,
+            ),
+        }
     }
 
     /// The CPU each shard is pinned to, if any (`placement.rs` when `cpus` is not
@@ -209,6 +237,10 @@ impl ShardedStore {
             Handle::new(cfg.shards, cfg.channel_capacity, ownership, cfg.reply_spin);
         let beats = cfg.stall_threshold.map(|t| Beats::new(cfg.shards, t));
         let cpus = cfg.shard_cpus();
+        let worker_cpus = Arc::new(cfg.io_worker_cpus(&cpus));
+        if !worker_cpus.is_empty() {
+            tracing::info!(cpus = ?worker_cpus, "the shards' io_uring workers run on the CPUs without a shard");
+        }
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         for (i, inbox) in inboxes.into_iter().enumerate() {
@@ -217,9 +249,10 @@ impl ShardedStore {
             let h = handle.clone();
             let b = beats.clone();
             let waits = (cfg.awake_window, cfg.timer_spin);
+            let workers = worker_cpus.clone();
             let spawned = cfg
                 .executor(i, cpus[i])
-                .spawn(move || shard_main(i, store_cfg, inbox, h, waits, ready_tx, b));
+                .spawn(move || shard_main(i, store_cfg, inbox, h, (waits, workers), ready_tx, b));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -396,10 +429,16 @@ async fn shard_main(
     cfg: StoreConfig,
     inbox: Inbox,
     handle: Handle,
-    (awake_window, timer_spin): (Duration, Duration),
+    ((awake_window, timer_spin), worker_cpus): ((Duration, Duration), Arc<Vec<usize>>),
     ready: flume::Sender<Result<()>>,
     beats: Option<Arc<Beats>>,
 ) {
+    // Before the store opens: workers take the mask when they are created.
+    if !worker_cpus.is_empty()
+        && let Err(e) = super::io_workers::confine_this_threads_workers(&worker_cpus)
+    {
+        tracing::warn!(shard, cpus = ?worker_cpus, error = %e, "the shard's io_uring workers stay on its CPU");
+    }
     let alive = Alive {
         shard,
         handle: handle.clone(),

@@ -283,6 +283,11 @@ pub struct LoadConfig {
     /// store's
     #[arg(long, value_name = "US")]
     pub timer_spin_us: Option<u64>,
+    /// The CPUs the shards' io_uring workers (file writes) may run on, comma separated
+    /// (`ShardedConfig::io_worker_cpus`); `shard`: where the kernel puts them, on the
+    /// shard's own CPU; default: the CPUs without a shard, when there are any
+    #[arg(long, value_name = "LIST")]
+    pub io_worker_cpus: Option<String>,
     /// The shards' glommio preempt timer (`ShardedConfig::preempt_timer`): how long a
     /// task queue may keep the CPU while another waits
     #[arg(long, value_name = "US", default_value_t = super::PREEMPT_TIMER.as_micros() as u64)]
@@ -483,6 +488,7 @@ impl LoadConfig {
             "awake_window_us": self.awake_window_us,
             "reply_spin_us": self.reply_spin_us,
             "timer_spin_us": self.timer_spin_us,
+            "io_worker_cpus": self.io_worker_cpus,
             "preempt_us": self.preempt_us,
             "background_turn_us": self.background_turn_us,
             "stall_ms": self.stall_ms,

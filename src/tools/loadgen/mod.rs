@@ -109,6 +109,21 @@ use std::time::Duration;
 /// the producers keep the CommitLog writer off the CPU for tens of milliseconds).
 pub const PREEMPT_TIMER: Duration = crate::shard::DEFAULT_PREEMPT_TIMER;
 
+/// `--io-worker-cpus`: a comma-separated list of CPUs, or `shard` (none: the kernel
+/// puts a shard's workers on the shard's CPU).
+fn parse_cpus(list: &str) -> Result<Vec<usize>, String> {
+    if list == "shard" {
+        return Ok(Vec::new());
+    }
+    list.split(',')
+        .map(|c| {
+            c.trim()
+                .parse()
+                .map_err(|_| format!("--io-worker-cpus: {c:?} is not a CPU number"))
+        })
+        .collect()
+}
+
 /// Opens the sharded store of a run (recovering it when it exists).
 fn open_store(
     cfg: &LoadConfig,
@@ -129,6 +144,9 @@ fn open_store(
     }
     if let Some(us) = cfg.timer_spin_us {
         sc.timer_spin = Duration::from_micros(us);
+    }
+    if let Some(list) = &cfg.io_worker_cpus {
+        sc.io_worker_cpus = Some(parse_cpus(list)?);
     }
     sc.preempt_timer = Some(Duration::from_micros(cfg.preempt_us.max(1)));
     sc.stall_threshold = (cfg.stall_ms > 0).then(|| Duration::from_millis(cfg.stall_ms));

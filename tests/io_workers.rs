@@ -1,0 +1,131 @@
+//! A shard's io_uring workers (the threads `iou-wrk-<shard tid>` that do its file writes)
+//! run on the CPUs that hold no shard, unless `ShardedConfig::io_worker_cpus` says
+//! otherwise; read from the workers' own `Cpus_allowed_list` while the store runs.
+mod common;
+use common::body;
+use coremq::{Message, PutStatus, ShardedConfig, ShardedStore, StoreConfig, StoreOps};
+use futures_lite::future::block_on;
+use std::time::{Duration, Instant};
+
+/// A `Cpus_allowed_list` value ("0-2,5") as CPU numbers.
+fn parse_list(s: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => out.push(part.parse().unwrap()),
+        }
+    }
+    out
+}
+
+fn cpus_allowed(status_path: &str) -> Vec<usize> {
+    let status = std::fs::read_to_string(status_path).unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in status");
+    parse_list(line)
+}
+
+/// The CPU masks of the io_uring workers of thread `tid`, one per worker.
+fn worker_masks(tid: i32) -> Vec<Vec<usize>> {
+    let name = format!("iou-wrk-{tid}");
+    let mut masks = Vec::new();
+    for e in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let status = e.path().join("status");
+            // A worker that exited between the listing and now has no status.
+            if std::fs::metadata(&status).is_ok() {
+                masks.push(cpus_allowed(status.to_str().unwrap()));
+            }
+        }
+    }
+    masks
+}
+
+/// Opens a one-shard store pinned to `shard_cpu`, puts until its shard has io_uring
+/// workers, and returns their CPU masks.
+fn masks_of_a_running_shard(
+    shard_cpu: usize,
+    io_worker_cpus: Option<Vec<usize>>,
+) -> Vec<Vec<usize>> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ShardedConfig::new(dir.path());
+    cfg.shards = 1;
+    cfg.cpus = Some(vec![shard_cpu]);
+    cfg.io_worker_cpus = io_worker_cpus;
+    cfg.store = StoreConfig::small_for_tests(dir.path());
+    let store = ShardedStore::open(cfg).unwrap();
+    let h = store.handle();
+    let tid = block_on(h.run_on(0, |_| async { unsafe { libc::gettid() } })).unwrap();
+    let started = Instant::now();
+    let mut i = 0;
+    let masks = loop {
+        for _ in 0..50 {
+            let m = Message::new("Workers", 0, body("Workers", 0, i));
+            assert_eq!(block_on(h.put(m)).status, PutStatus::PutOk);
+            i += 1;
+        }
+        let masks = worker_masks(tid);
+        if !masks.is_empty() {
+            break masks;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no io_uring worker of the shard appeared after {i} puts"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    store.shutdown().unwrap();
+    masks
+}
+
+#[test]
+fn a_shards_io_workers_run_on_the_cpus_without_a_shard() {
+    let allowed = cpus_allowed("/proc/self/status");
+    if allowed.len() < 2 {
+        eprintln!("one CPU only ({allowed:?}): no CPU without a shard to test with");
+        return;
+    }
+    let shard_cpu = allowed[0];
+    let others: Vec<usize> = allowed[1..].to_vec();
+
+    // The default: every worker on the CPUs without the shard.
+    let masks = masks_of_a_running_shard(shard_cpu, None);
+    assert!(
+        masks.iter().all(|m| *m == others),
+        "workers' CPUs {masks:?}, expected {others:?}"
+    );
+
+    // Kept at the kernel's default: the workers inherit the pinned shard's CPU. (This
+    // is what the default changes; it also shows the check above can fail.)
+    let masks = masks_of_a_running_shard(shard_cpu, Some(Vec::new()));
+    assert!(
+        masks.iter().all(|m| *m == vec![shard_cpu]),
+        "workers' CPUs {masks:?}, expected the shard's {shard_cpu}"
+    );
+
+    // Named CPUs.
+    let named = vec![*allowed.last().unwrap()];
+    let masks = masks_of_a_running_shard(shard_cpu, Some(named.clone()));
+    assert!(
+        masks.iter().all(|m| *m == named),
+        "workers' CPUs {masks:?}, expected {named:?}"
+    );
+}
+
+#[test]
+fn a_cpu_the_process_may_not_use_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ShardedConfig::new(dir.path());
+    cfg.shards = 1;
+    cfg.store = StoreConfig::small_for_tests(dir.path());
+    cfg.io_worker_cpus = Some(vec![100_000]);
+    match ShardedStore::open(cfg) {
+        Err(coremq::Error::Config(why)) => assert!(why.contains("io_worker_cpus"), "{why}"),
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a CPU beyond the machine was accepted"),
+    }
+}
