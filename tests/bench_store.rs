@@ -204,3 +204,33 @@ fn a_paced_run_splits_put_latency_into_late_start_and_service() {
         }
     }
 }
+
+/// A closed loop (no `--rate`) with tailing consumers: the consumers read while the
+/// producers run, not only once they stop. (When a queue's consumer was woken only
+/// after every put to it was dispatched, producers putting to every queue without a
+/// pause kept dispatch behind the latest put of each, and the consumers read nothing
+/// until the end: scenario 11's closed-loop rate was then the producers' alone.)
+#[test]
+fn a_closed_loops_consumers_read_while_it_produces() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = loadgen::LoadConfig {
+        label: "closed loop with consumers".into(),
+        data_dir: Some(dir.path().to_path_buf()),
+        shards: Some(SHARDS as u32),
+        queues: 64,
+        duration: 2.0,
+        outstanding: 256,
+        consumers: true,
+        drain_timeout: 30.0,
+        quiet: true,
+        ..loadgen::LoadConfig::default()
+    };
+    let report = loadgen::run(&cfg).expect("bench runs");
+    assert!(report.ok(), "{}", report.summary());
+    assert!(
+        report.consumed_while_producing >= report.messages / 2,
+        "{} of {} messages consumed while producing",
+        report.consumed_while_producing,
+        report.messages
+    );
+}

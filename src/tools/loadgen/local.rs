@@ -42,10 +42,10 @@ pub(super) struct Shard {
     /// `get`: its consumer's signal.
     pub visible: Vec<Signal>,
     /// The queues local producers put to whose consumers were not told yet, each
-    /// once, with the log's end after their last put (0: not listed): `mark_put`,
-    /// `notify_dispatched`.
+    /// once, with the log's end after the first and after the last put not told yet
+    /// ((0, 0): not listed): `mark_put`, `notify_dispatched`.
     put_to: RefCell<Vec<usize>>,
-    put_end: RefCell<Vec<u64>>,
+    put_end: RefCell<Vec<(u64, u64)>>,
     pub producing: Cell<bool>,
     /// Everything put is visible: consumers may stop once they have read it.
     pub drained: Cell<bool>,
@@ -65,24 +65,34 @@ impl Shard {
     /// A local producer's put to the shard's queue `i` (`plan.owned[index][i]`)
     /// returned: its record lies below the log's end now.
     fn mark_put(&self, i: usize) {
+        let now = self.store.max_log_offset().max(1);
         let mut end = self.put_end.borrow_mut();
-        if end[i] == 0 {
+        if end[i].0 == 0 {
             self.put_to.borrow_mut().push(i);
+            end[i].0 = now;
         }
-        // The latest put's end: an earlier one's alone could wake the consumer before
-        // this record is visible, and then nothing would wake it for this one.
-        end[i] = self.store.max_log_offset().max(1);
+        end[i].1 = now;
     }
 
-    /// Wakes the consumers of the queues whose puts are all below `dispatched`.
+    /// Wakes the consumers of the queues with a put below `dispatched` not told yet;
+    /// a queue with later puts stays listed until those are below it too. (Waiting
+    /// until every put of a queue was below `dispatched` woke no consumer at all while
+    /// producers kept putting to every queue: dispatch, tens of MB behind the writer,
+    /// never passed the latest put's end, and the closed loop's consumers read nothing
+    /// until the producers stopped.)
     pub fn notify_dispatched(&self, dispatched: u64) {
         let mut end = self.put_end.borrow_mut();
         self.put_to.borrow_mut().retain(|&i| {
-            if end[i] > dispatched {
+            let (first, last) = end[i];
+            if first > dispatched {
                 return true;
             }
-            end[i] = 0;
             self.visible[i].notify();
+            if last > dispatched {
+                end[i] = (last, last);
+                return true;
+            }
+            end[i] = (0, 0);
             false
         });
     }
@@ -152,7 +162,7 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
             .map(|_| Signal::default())
             .collect(),
         put_to: RefCell::new(Vec::new()),
-        put_end: RefCell::new(vec![0; plan.owned[index].len()]),
+        put_end: RefCell::new(vec![(0, 0); plan.owned[index].len()]),
         producing: Cell::new(true),
         drained: Cell::new(false),
         stop_consumers: Cell::new(false),
