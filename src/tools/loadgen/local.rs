@@ -41,11 +41,8 @@ pub(super) struct Shard {
     /// New records of the shard's queue `i` (`plan.owned[index][i]`) are visible to
     /// `get`: its consumer's signal.
     pub visible: Vec<Signal>,
-    /// The queues local producers put to whose consumers were not told yet, each
-    /// once, with the log's end after the first and after the last put not told yet
-    /// ((0, 0): not listed): `mark_put`, `notify_dispatched`.
-    put_to: RefCell<Vec<usize>>,
-    put_end: RefCell<Vec<(u64, u64)>>,
+    /// The puts local producers made whose consumers were not told yet.
+    untold: RefCell<Untold>,
     pub producing: Cell<bool>,
     /// Everything put is visible: consumers may stop once they have read it.
     pub drained: Cell<bool>,
@@ -65,41 +62,69 @@ impl Shard {
     /// A local producer's put to the shard's queue `i` (`plan.owned[index][i]`)
     /// returned: its record lies below the log's end now.
     fn mark_put(&self, i: usize) {
-        let now = self.store.max_log_offset().max(1);
-        let mut end = self.put_end.borrow_mut();
-        if end[i].0 == 0 {
-            self.put_to.borrow_mut().push(i);
-            end[i].0 = now;
-        }
-        end[i].1 = now;
+        let end = self.store.max_log_offset().max(1);
+        self.untold.borrow_mut().put(i, end);
     }
 
-    /// Wakes the consumers of the queues with a put below `dispatched` not told yet;
-    /// a queue with later puts stays listed until those are below it too. (Waiting
-    /// until every put of a queue was below `dispatched` woke no consumer at all while
-    /// producers kept putting to every queue: dispatch, tens of MB behind the writer,
-    /// never passed the latest put's end, and the closed loop's consumers read nothing
-    /// until the producers stopped.)
+    /// Wakes the consumers of the queues with a put below `dispatched` not told yet.
     pub fn notify_dispatched(&self, dispatched: u64) {
-        let mut end = self.put_end.borrow_mut();
-        self.put_to.borrow_mut().retain(|&i| {
-            let (first, last) = end[i];
-            if first > dispatched {
-                return true;
-            }
-            self.visible[i].notify();
-            if last > dispatched {
-                end[i] = (last, last);
-                return true;
-            }
-            end[i] = (0, 0);
-            false
-        });
+        self.untold
+            .borrow_mut()
+            .tell(dispatched, |i| self.visible[i].notify());
     }
 
     /// Wakes every consumer of the shard.
     pub fn notify_all(&self) {
         self.visible.iter().for_each(Signal::notify);
+    }
+}
+
+/// The queues (by slot) local producers put to whose consumers were not told yet,
+/// each listed once, with the log's end after the first and after the last such put
+/// ((0, 0): not listed).
+struct Untold {
+    listed: Vec<usize>,
+    ends: Vec<(u64, u64)>,
+}
+
+impl Untold {
+    fn new(queues: usize) -> Untold {
+        Untold {
+            listed: Vec::new(),
+            ends: vec![(0, 0); queues],
+        }
+    }
+
+    /// A put to queue `i` returned with the log's end at `end` (> 0).
+    fn put(&mut self, i: usize, end: u64) {
+        if self.ends[i].0 == 0 {
+            self.listed.push(i);
+            self.ends[i].0 = end;
+        }
+        self.ends[i].1 = end;
+    }
+
+    /// Tells (`wake`) each queue with an untold put below `dispatched`; a queue with
+    /// later puts stays listed until those are below it too. (Telling a queue only once
+    /// all its puts were below `dispatched` told none while producers kept putting to
+    /// every queue: dispatch, tens of MB behind the writer, never passed the latest
+    /// put's end, and a closed loop's consumers read nothing until the producers
+    /// stopped.)
+    fn tell(&mut self, dispatched: u64, mut wake: impl FnMut(usize)) {
+        let ends = &mut self.ends;
+        self.listed.retain(|&i| {
+            let (first, last) = ends[i];
+            if first > dispatched {
+                return true;
+            }
+            wake(i);
+            if last > dispatched {
+                ends[i] = (last, last);
+                return true;
+            }
+            ends[i] = (0, 0);
+            false
+        });
     }
 }
 
@@ -161,8 +186,7 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
             .iter()
             .map(|_| Signal::default())
             .collect(),
-        put_to: RefCell::new(Vec::new()),
-        put_end: RefCell::new(vec![(0, 0); plan.owned[index].len()]),
+        untold: RefCell::new(Untold::new(plan.owned[index].len())),
         producing: Cell::new(true),
         drained: Cell::new(false),
         stop_consumers: Cell::new(false),
@@ -349,4 +373,52 @@ async fn fill_and_retire(store: &Store, plan: &Plan, index: usize) -> crate::Res
         glommio::timer::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Untold;
+
+    fn told(u: &mut Untold, dispatched: u64) -> Vec<usize> {
+        let mut woken = Vec::new();
+        u.tell(dispatched, |i| woken.push(i));
+        woken
+    }
+
+    #[test]
+    fn a_queue_is_told_while_puts_to_it_go_on() {
+        let mut u = Untold::new(3);
+        // Puts to every queue, the log growing; dispatch behind the latest put of
+        // each queue at every look, as in a closed loop.
+        let mut end = 0;
+        let mut woken = Vec::new();
+        for round in 0..10u64 {
+            for q in 0..3 {
+                end += 100;
+                u.put(q, end);
+            }
+            woken.extend(told(&mut u, end - 250 + round % 2));
+        }
+        for q in 0..3 {
+            assert!(
+                woken.iter().filter(|&&w| w == q).count() >= 9,
+                "{q}: {woken:?}"
+            );
+        }
+        // Everything dispatched: each told once more, then none listed.
+        assert_eq!(told(&mut u, end), vec![0, 1, 2]);
+        assert!(told(&mut u, end + 1000).is_empty());
+    }
+
+    #[test]
+    fn a_queue_is_not_told_before_its_put_is_dispatched() {
+        let mut u = Untold::new(2);
+        u.put(1, 500);
+        assert!(told(&mut u, 499).is_empty());
+        assert_eq!(told(&mut u, 500), vec![1]);
+        assert!(told(&mut u, 10_000).is_empty());
+        // A later put is told again.
+        u.put(1, 700);
+        assert_eq!(told(&mut u, 700), vec![1]);
+    }
 }
