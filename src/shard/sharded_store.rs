@@ -239,7 +239,7 @@ impl ShardedStore {
         let cpus = cfg.shard_cpus();
         let worker_cpus = Arc::new(cfg.io_worker_cpus(&cpus));
         if !worker_cpus.is_empty() {
-            tracing::info!(cpus = ?worker_cpus, "the shards' io_uring workers run on the CPUs without a shard");
+            tracing::info!(cpus = ?worker_cpus, "the shards' io_uring workers (file writes) run on these CPUs");
         }
         let mut threads = Vec::new();
         let mut ready = Vec::new();
