@@ -11,9 +11,9 @@
 //! Decisions:
 //! * **The CPUs without a shard, when any are left.** One shard at 40,000 async puts a
 //!   second with tailing consumers (1 KiB, 64 queues, key index on, `coremq bench
-//!   --shards 1 --rate 40000 --consumers`), the other CPU free: put p99 506, 385, 535
-//!   us with the workers on the shard's CPU against 169, 264, 314 us on the other
-//!   (three interleaved pairs; p99.9 1.23, 1.10, 1.42 ms against 0.64, 0.98, 0.92). With a
+//!   --shards 1 --rate 40000 --consumers`), the other CPU free, seven interleaved
+//!   pairs: put p99 385-978 us with the workers on the shard's CPU against 169-448 us
+//!   on the other (lower in all seven), p99.9 1.10-3.12 ms against 0.64-1.77 ms. With a
 //!   shard on every CPU the workers stay where the kernel puts them: moving them only
 //!   moves their runs to another shard's CPU (two shards, each shard's workers on the
 //!   other's CPU or both on CPU 0: p99 within the run-to-run noise).

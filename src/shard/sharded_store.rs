@@ -142,7 +142,6 @@ impl ShardedConfig {
             return Err(Error::Config("channel_capacity must be positive".into()));
         }
         if let Some(list) = &self.cpus {
-            let allowed = crate::shard::wait::allowed_cpus();
             if list.len() < self.shards {
                 return Err(Error::Config(format!(
                     "cpus names {} CPUs for {} shards",
@@ -150,19 +149,10 @@ impl ShardedConfig {
                     self.shards
                 )));
             }
-            if let Some(c) = list.iter().find(|c| !allowed.contains(c)) {
-                return Err(Error::Config(format!(
-                    "cpus: CPU {c} is not one this process may run on ({allowed:?})"
-                )));
-            }
+            allowed_only("cpus", list)?;
         }
         if let Some(list) = &self.io_worker_cpus {
-            let allowed = crate::shard::wait::allowed_cpus();
-            if let Some(c) = list.iter().find(|c| !allowed.contains(c)) {
-                return Err(Error::Config(format!(
-                    "io_worker_cpus: CPU {c} is not one this process may run on ({allowed:?})"
-                )));
-            }
+            allowed_only("io_worker_cpus", list)?;
         }
         (0..self.shards).try_for_each(|i| self.shard_config(i).validate())
     }
@@ -212,6 +202,25 @@ impl ShardedConfig {
     }
 }
 
+/// Refuses a CPU in `list` (the field `what`) that this process may not run on.
+fn allowed_only(what: &str, list: &[usize]) -> Result<()> {
+    let allowed = crate::shard::wait::allowed_cpus();
+    match list.iter().find(|c| !allowed.contains(c)) {
+        Some(c) => Err(Error::Config(format!(
+            "{what}: CPU {c} is not one this process may run on ({allowed:?})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// How a shard's thread waits and where its io_uring workers run (`shard_main`).
+struct ThreadSetup {
+    awake_window: Duration,
+    timer_spin: Duration,
+    /// Empty: the kernel's default.
+    io_worker_cpus: Vec<usize>,
+}
+
 /// The running sharded store: owns the shard threads and the store-wide lock.
 pub struct ShardedStore {
     handle: Handle,
@@ -237,7 +246,7 @@ impl ShardedStore {
             Handle::new(cfg.shards, cfg.channel_capacity, ownership, cfg.reply_spin);
         let beats = cfg.stall_threshold.map(|t| Beats::new(cfg.shards, t));
         let cpus = cfg.shard_cpus();
-        let worker_cpus = Arc::new(cfg.io_worker_cpus(&cpus));
+        let worker_cpus = cfg.io_worker_cpus(&cpus);
         if !worker_cpus.is_empty() {
             tracing::info!(cpus = ?worker_cpus, "the shards' io_uring workers (file writes) run on these CPUs");
         }
@@ -248,11 +257,14 @@ impl ShardedStore {
             let store_cfg = cfg.shard_config(i);
             let h = handle.clone();
             let b = beats.clone();
-            let waits = (cfg.awake_window, cfg.timer_spin);
-            let workers = worker_cpus.clone();
+            let setup = ThreadSetup {
+                awake_window: cfg.awake_window,
+                timer_spin: cfg.timer_spin,
+                io_worker_cpus: worker_cpus.clone(),
+            };
             let spawned = cfg
                 .executor(i, cpus[i])
-                .spawn(move || shard_main(i, store_cfg, inbox, h, (waits, workers), ready_tx, b));
+                .spawn(move || shard_main(i, store_cfg, inbox, h, setup, ready_tx, b));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -429,15 +441,16 @@ async fn shard_main(
     cfg: StoreConfig,
     inbox: Inbox,
     handle: Handle,
-    ((awake_window, timer_spin), worker_cpus): ((Duration, Duration), Arc<Vec<usize>>),
+    setup: ThreadSetup,
     ready: flume::Sender<Result<()>>,
     beats: Option<Arc<Beats>>,
 ) {
     // Before the store opens: workers take the mask when they are created.
-    if !worker_cpus.is_empty()
-        && let Err(e) = super::io_workers::confine_this_threads_workers(&worker_cpus)
+    let workers = &setup.io_worker_cpus;
+    if !workers.is_empty()
+        && let Err(e) = super::io_workers::confine_this_threads_workers(workers)
     {
-        tracing::warn!(shard, cpus = ?worker_cpus, error = %e, "the shard's io_uring workers stay on its CPU");
+        tracing::warn!(shard, cpus = ?workers, error = %e, "the shard's io_uring workers stay on its CPU");
     }
     let alive = Alive {
         shard,
@@ -445,7 +458,7 @@ async fn shard_main(
         inbox: inbox.clone(),
     };
     ALIVE.with(|a| *a.borrow_mut() = Some(alive));
-    crate::shard::wait::enter_shard(awake_window, timer_spin);
+    crate::shard::wait::enter_shard(setup.awake_window, setup.timer_spin);
     shard_serve(shard, cfg, &handle, inbox, ready, beats).await;
     // A normal end: dead from here (a panic's end is the thread-local's destructor).
     ALIVE.with(|a| drop(a.borrow_mut().take()));
