@@ -129,3 +129,66 @@ fn a_cpu_the_process_may_not_use_is_refused() {
         Ok(_) => panic!("a CPU beyond the machine was accepted"),
     }
 }
+
+/// `coremq serve`'s `cpus` and `io_worker_cpus` (TOML) reach the store: the shard runs
+/// on the CPU named, its io_uring workers on the ones named for them; a CPU the
+/// process may not use stops the node before it serves.
+#[cfg(feature = "node")]
+#[test]
+fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
+    use coremq::node::{Node, NodeConfig};
+    let allowed = cpus_allowed("/proc/self/status");
+    if allowed.len() < 2 {
+        eprintln!("one CPU only ({allowed:?}): nothing to choose between");
+        return;
+    }
+    // The shard on the last CPU (not the default's first), its workers on the first.
+    let (shard_cpu, worker_cpu) = (*allowed.last().unwrap(), allowed[0]);
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\nnamesrv_enable = false\n\
+         metrics_enable = false\nha_enable = false\nshards = 1\n\
+         cpus = [{shard_cpu}]\nio_worker_cpus = [{worker_cpu}]\n",
+        dir.path().join("data")
+    );
+    let path = dir.path().join("coremq.toml");
+    std::fs::write(&path, toml).unwrap();
+    let cfg = NodeConfig::from_file(&path).unwrap();
+    let node = Node::start(cfg.clone()).unwrap();
+    let h = node.handle();
+    let tid = block_on(h.run_on(0, |_| async { unsafe { libc::gettid() } })).unwrap();
+    let shard = cpus_allowed(&format!("/proc/self/task/{tid}/status"));
+    assert_eq!(shard, vec![shard_cpu], "the shard's CPUs");
+    let started = Instant::now();
+    let mut i = 0;
+    let masks = loop {
+        for _ in 0..50 {
+            let m = Message::new("NodeWorkers", 0, body("NodeWorkers", 0, i));
+            assert_eq!(block_on(h.put(m)).status, PutStatus::PutOk);
+            i += 1;
+        }
+        let masks = worker_masks(tid);
+        if !masks.is_empty() {
+            break masks;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no io_uring worker of the shard appeared after {i} puts"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    node.shutdown().unwrap();
+    assert!(
+        masks.iter().all(|m| *m == vec![worker_cpu]),
+        "workers' CPUs {masks:?}, expected [{worker_cpu}]"
+    );
+
+    let mut bad = cfg;
+    bad.data_dir = dir.path().join("other");
+    bad.cpus = Some(vec![100_000]);
+    match Node::start(bad) {
+        Err(coremq::Error::Config(why)) => assert!(why.contains("cpus"), "{why}"),
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a CPU beyond the machine was accepted"),
+    }
+}

@@ -68,8 +68,17 @@ pub struct NodeConfig {
     /// the queues it owns; routes then name these shard brokers, so clients send each
     /// message straight to its queue's shard (`node::shard_view`). Absent: off.
     pub shard_listen: Option<SocketAddr>,
-    /// Pin shard `i` to CPU `i`.
+    /// Pin each shard to a CPU: shard `i` to `cpus[i]` when `cpus` is given, else to
+    /// the CPUs this process may use, in order (`ShardedConfig::pin`).
     pub pin: bool,
+    /// With `pin`: the CPU of each shard, e.g. `[2, 3]` (`ShardedConfig::cpus`); every
+    /// one must be a CPU this process may use. Absent: chosen as the store chooses.
+    pub cpus: Option<Vec<usize>>,
+    /// The CPUs each shard's io_uring workers (its file writes and fdatasyncs) may run
+    /// on (`ShardedConfig::io_worker_cpus`). Absent: with `pin`, the CPUs this process
+    /// may use that hold no shard, when there are any; `[]`: the kernel's default (the
+    /// shard's own CPU).
+    pub io_worker_cpus: Option<Vec<usize>>,
     /// "async" (RocketMQ's ASYNC_FLUSH, the default) or "sync".
     pub flush: String,
     /// Queues given to a topic created on first use (RocketMQ `defaultTopicQueueNums`).
@@ -207,6 +216,8 @@ impl Default for NodeConfig {
             owner_answers_routed_sends: true,
             shard_listen: None,
             pin: true,
+            cpus: None,
+            io_worker_cpus: None,
             flush: "async".into(),
             default_queue_nums: 4,
             auto_create_topic: true,
@@ -385,6 +396,8 @@ impl NodeConfig {
             s.shards = self.shards;
         }
         s.pin = self.pin;
+        s.cpus = self.cpus.clone();
+        s.io_worker_cpus = self.io_worker_cpus.clone();
         if let Some(us) = self.awake_window_us {
             s.awake_window = Duration::from_micros(us);
         }
