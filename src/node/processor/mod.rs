@@ -435,6 +435,17 @@ fn local_owner(topic: &str, queue_id: i32) -> Option<LocalStore> {
     })
 }
 
+/// This thread's store, when this thread is shard `shard` (the owner of a queue,
+/// already found): [`local_owner`] without finding it again.
+fn local_store_of(shard: usize) -> Option<LocalStore> {
+    LOCAL_SHARD.with(|c| {
+        c.borrow()
+            .as_ref()
+            .filter(|ctx| ctx.shard == shard)
+            .map(|ctx| LocalStore(ctx.store.clone()))
+    })
+}
+
 /// This thread's shard store, called in place. The only way processors reach a store
 /// without the `Handle`, so that every panic raised inside it is marked a
 /// [`StorePanic`].

@@ -24,8 +24,8 @@
 
 use super::reply::{Reply, ReplyTo, SendReply};
 use super::{
-    NodeState, Reject, clip, field, local_owner, need, num, num_of, opt_num, opt_num_of, pool,
-    reject, store_error, topic_conf, valid_topic,
+    NodeState, Reject, clip, field, local_owner, local_store_of, need, num, num_of, opt_num,
+    opt_num_of, pool, reject, store_error, topic_conf, valid_topic,
 };
 use crate::StoreOps;
 use crate::format::msg_id::MessageIds;
@@ -351,7 +351,7 @@ pub(super) async fn send(
             r
         } else {
             let there = there.filter(|(t, _, _)| t.owner_answers);
-            let local = local_owner(topic, queue_id);
+            let local = local_store_of(shard);
             if local.is_none() {
                 st.metrics.routed_sends.fetch_add(1, Ordering::Relaxed);
             }
