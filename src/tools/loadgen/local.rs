@@ -24,8 +24,6 @@ use std::time::Duration;
 
 /// How often the monitor publishes the store's positions.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(100);
-/// How often a shard looks whether the outside producers are done.
-const OUTSIDE_DONE_POLL: Duration = Duration::from_millis(1);
 
 /// One shard's state during a produce run, shared by its tasks.
 pub(super) struct Shard {
@@ -220,9 +218,7 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
         plan.mark_produced(index);
         p
     } else {
-        while !shard.counters().produced.load(Ordering::Relaxed) {
-            glommio::timer::sleep(OUTSIDE_DONE_POLL).await;
-        }
+        plan.produced(index).await;
         None
     };
     shard.producing.set(false);
