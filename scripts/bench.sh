@@ -32,7 +32,8 @@
 #        side at its median round), a loopback TCP echo round trip (and its server's CPU per round
 #        trip) and the embedded catch-up rate, all measured in the same run; and the
 #        node's CPU per message at 1k, 3k, 10k, 30k and 100k msg/s offered
-#        (bench-results/s10-cpu-vs-rate.svg). The node runs with shard ports
+#        (bench-results/s10-cpu-vs-rate.svg), and an embedded store's shard threads at
+#        1,000 puts a second through the handle. The node runs with shard ports
 #        (`--shard-listen`) and the client follows its route (`--follow-route`), as a
 #        RocketMQ client does: each send goes to its queue's shard; single sends on
 #        the node's own port (half handed between shards) are measured beside them;
@@ -404,13 +405,18 @@ remote_run() {
 # CPU against load (issue 22): the node's CPU per message at these offered rates, one
 # curve (s10-cpu-vs-rate.{json,svg}); it should fall, never rise, as the rate grows.
 s10_rates=(1000 3000 10000 30000 100000)
-s10_names="s10-embedded s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-single-binary s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
+s10_names="s10-embedded s10-handle-1k s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-single-binary s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
 if want 10; then
     bench_run s10-catch-up-write "catch-up log: $s10_msgs x 1 KiB" "$work/s10-store" \
         --messages "$s10_msgs" --body 1024 --queues 8
     bench_run s10-catch-up "catch-up read, 8 queues, 32 per get" "$work/s10-store" \
         --mode catch-up --pull-batch 32
     rm -rf "${work:?}/s10-store"
+    # Issue 22's light load for an embedded store: 1,000 puts a second from one outside
+    # thread through the handle, the shard threads' CPU (`shard_core_share`) beside the
+    # node's at the same rate.
+    run s10-handle-1k "embedded through the handle: 1,000 msg/s offered, 1 KiB" \
+        --duration "$secs" --body 1024 --queues 8 --via handle --producers 1 --outstanding 8 --rate 1000
     remote_run s10-echo "loopback TCP echo, 1 KiB, 1 in flight" echo \
         --duration "$secs" --body 1024 --producers 1 --outstanding 1
     # A node on fresh ports in data directory $1, its log in $2.
@@ -795,7 +801,9 @@ s10_result() {
         "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s;" \
         "idle $(fmt "$(j s10-idle '(.core_share // 0) * 100')" 2)% of a core; at 1,000 msg/s offered" \
         "$(fmt "$(j s10-rate1k '(.node_cpu_seconds // 0) * 100 / ([.seconds // 1, 0.001] | max)')" 1)% of a core," \
-        "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg; CPU/msg against offered msg/s (4 x 64):" \
+        "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg (embedded through the handle: shard threads" \
+        "$(fmt "$(j s10-handle-1k '(.shard_core_share // 0) * 100')" 1)% of a core, $(fmt "$(j s10-handle-1k '.shard_cpu_us_per_message // 0')" 1) µs/msg);" \
+        "CPU/msg against offered msg/s (4 x 64):" \
         "$(jq -r '[.points[]? | "\(.offered_per_sec): \((.node_cpu_us_per_message // 0) * 10 | floor / 10)"] | join(", ")' "$detail/s10-cpu-vs-rate.json")" \
         "(falls as load grows: $(j s10-cpu-vs-rate '.falls_as_load_grows | tostring'))"
 }

@@ -31,6 +31,14 @@ fn bench(dir: &std::path::Path, via: loadgen::Via) {
     assert!(report.ok(), "{}", report.summary());
     assert_eq!(report.messages, PER_RUN);
     assert_eq!(report.shard_queues.iter().sum::<usize>(), QUEUES as usize);
+    // The shard threads did the puts (through the handle: all the store's work), and
+    // their CPU is part of the process's.
+    assert!(
+        report.shard_cpu_seconds > 0.0 && report.shard_cpu_seconds <= report.cpu_seconds,
+        "shard threads {} s of the process's {} s",
+        report.shard_cpu_seconds,
+        report.cpu_seconds
+    );
 }
 
 fn config(dir: &std::path::Path, shards: usize) -> ShardedConfig {

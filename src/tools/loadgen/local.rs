@@ -9,7 +9,7 @@
 
 use super::config::Via;
 use super::consume::{Signal, consume, watch_dispatch};
-use super::measure::now_ns;
+use super::measure::{now_ns, thread_cpu_seconds};
 use super::plan::{Plan, ShardCounters};
 use super::produce::{LaneStats, Produced, Producer, PutPath, lane};
 use super::report::new_histogram;
@@ -135,6 +135,9 @@ pub(super) struct ShardResult {
     pub log_bytes: u64,
     pub first_error: Option<String>,
     pub e2e_latency: Histogram<u64>,
+    /// The shard thread's CPU from its start to the producers' end (its own producers'
+    /// work included with `--via local`; its io_uring workers not).
+    pub producing_cpu_seconds: f64,
 }
 
 /// Puts on the shard that owns the queue: `Store::put` by reference, so a lane
@@ -211,6 +214,7 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
     }
     // Detached: it keeps reporting while the store shuts down, until the executor ends.
     glommio::spawn_local(monitor(store.clone(), plan.clone(), index)).detach();
+    let cpu_start = thread_cpu_seconds();
     plan.ready.fetch_add(1, Ordering::Release);
 
     let produced = if shard.local_producers {
@@ -221,6 +225,7 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
         plan.produced(index).await;
         None
     };
+    let producing_cpu_seconds = thread_cpu_seconds() - cpu_start;
     shard.producing.set(false);
     let consumed_while_producing = shard.counters().consumed.load(Ordering::Relaxed);
     shard.arrival.notify();
@@ -237,6 +242,7 @@ pub(super) async fn shard_job(ctx: ShardContext, plan: Arc<Plan>) -> ShardResult
         log_bytes: store.max_log_offset() - log_start,
         first_error: shard.first_error.borrow_mut().take(),
         e2e_latency: shard.e2e_latency.replace(new_histogram()),
+        producing_cpu_seconds,
     }
 }
 

@@ -68,6 +68,10 @@ pub struct Report {
     /// CPU time until every producer was done (what remains after it is the drain,
     /// dispatch catching up and the final flush).
     pub producing_cpu_seconds: f64,
+    /// The shard threads' CPU over the same window, summed: the store's part when
+    /// producers run outside the shards (`--via handle`); their io_uring workers are
+    /// not in it.
+    pub shard_cpu_seconds: f64,
     /// The most any shard's dispatch lagged behind its puts (sampled every 100 ms).
     pub max_dispatch_lag_bytes: u64,
     pub peak_rss_bytes: u64,
@@ -190,6 +194,13 @@ impl Report {
             "cpu_us_per_message": self.cpu_us_per_message(),
             "producing_cpu_seconds": self.producing_cpu_seconds,
             "producing_cpu_us_per_message": self.producing_cpu_us_per_message(),
+            "shard_cpu_seconds": self.shard_cpu_seconds,
+            "shard_cpu_us_per_message": self.per_message_us(self.shard_cpu_seconds),
+            "shard_core_share": if self.seconds > 0.0 {
+                self.shard_cpu_seconds / self.seconds
+            } else {
+                0.0
+            },
             "max_dispatch_lag_bytes": self.max_dispatch_lag_bytes,
             "cpu_utilisation": if self.total_seconds > 0.0 {
                 self.cpu_seconds / (self.total_seconds * self.shards as f64)
@@ -256,10 +267,11 @@ impl Report {
         s.push_str(&latency_line("end-to-end", &self.e2e_latency));
         let _ = writeln!(
             s,
-            "  cpu         {:.3} us/message ({:.3} while producing; {:.2} s cpu over {:.2} s \
-             with {} shards)  peak RSS {:.1} MiB",
+            "  cpu         {:.3} us/message ({:.3} while producing, {:.3} of it the shard \
+             threads'; {:.2} s cpu over {:.2} s with {} shards)  peak RSS {:.1} MiB",
             self.cpu_us_per_message(),
             self.producing_cpu_us_per_message(),
+            self.per_message_us(self.shard_cpu_seconds),
             self.cpu_seconds,
             self.total_seconds,
             self.shards,

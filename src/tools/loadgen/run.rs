@@ -173,6 +173,7 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
         e2e_latency: new_histogram(),
         cpu_seconds: cpu_end - cpu_start,
         producing_cpu_seconds: cpu_produced.unwrap_or(cpu_end) - cpu_start,
+        shard_cpu_seconds: shard_results.iter().map(|r| r.producing_cpu_seconds).sum(),
         max_dispatch_lag_bytes: plan
             .counters
             .iter()
