@@ -157,3 +157,61 @@ fn an_idle_store_shuts_down_without_waiting_for_a_safety_wake() {
         );
     }
 }
+
+/// A reader tailing the log waits for dispatch to pass what it has seen
+/// (`Store::wait_dispatched_past`): polled when it starts and when woken, not on a
+/// timer; a put ends the wait with its record visible; a shutdown ends it with `false`.
+#[test]
+fn a_tailing_reader_waits_for_dispatch_without_polling() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx2, rx2) = std::sync::mpsc::channel();
+    common::run(move || async move {
+        let store = store_with_puts(&root, FlushMode::Async, 10).await;
+        let seen = store.dispatched_log_offset();
+        let waiter = {
+            let store = store.clone();
+            glommio::spawn_local(async move {
+                let mut polls = 0u32;
+                let mut wait = std::pin::pin!(store.wait_dispatched_past(seen));
+                let passed = std::future::poll_fn(|cx| {
+                    polls += 1;
+                    wait.as_mut().poll(cx)
+                })
+                .await;
+                (passed, polls, store.dispatched_log_offset())
+            })
+        };
+        glommio::timer::sleep(Duration::from_millis(200)).await;
+        let r = store.put(Message::new("Idle", 1, vec![9u8; 100])).await;
+        assert_eq!(r.status, PutStatus::PutOk);
+        let (passed, polls, visible) = waiter.await;
+        tx.send((passed, polls, visible > seen)).unwrap();
+        // Nothing more comes: the store's shutdown ends the next wait.
+        let last = store.dispatched_log_offset();
+        let again = glommio::spawn_local({
+            let store = store.clone();
+            async move { store.wait_dispatched_past(last).await }
+        });
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+        store.shutdown().await.unwrap();
+        let ended = futures_lite::future::or(async { Some(again.await) }, async {
+            glommio::timer::sleep(Duration::from_secs(5)).await;
+            None
+        })
+        .await;
+        tx2.send(ended).unwrap();
+    });
+    let (passed, polls, visible) = rx.recv().unwrap();
+    assert!(
+        passed && visible,
+        "the put's record is visible when the wait ends"
+    );
+    assert!(
+        polls <= 3,
+        "the wait was polled {polls} times in 200 ms of nothing"
+    );
+    let ended = rx2.recv().unwrap();
+    assert_eq!(ended, Some(false), "a shutdown ends the wait (with false)");
+}

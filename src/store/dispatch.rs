@@ -107,6 +107,9 @@ impl Inner {
             // Stopping: exit once everything written is flushed and dispatched.
             let log_done = self.log.flushed.get() >= self.log.written();
             if self.state.get() != State::Running && log_done && to >= self.log.written() {
+                // Nothing more becomes visible: a reader waiting past the end
+                // (`Store::wait_dispatched_past`) is told so.
+                self.dispatched.close();
                 return;
             }
             // Running: flushed past `to` is more to dispatch (sync mode). Stopping: the

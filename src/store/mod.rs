@@ -206,6 +206,16 @@ impl Store {
         self.inner.dispatched.wait_for(target).await;
     }
 
+    /// Waits until records past log offset `offset` are visible to `get` (dispatch went
+    /// past it): a reader on the shard tailing the log waits here rather than looking
+    /// again on a timer. `false` when the store stopped first.
+    pub async fn wait_dispatched_past(&self, offset: LogOffset) -> bool {
+        self.inner
+            .dispatched
+            .wait_for(offset.saturating_add(1))
+            .await
+    }
+
     /// Why the store stopped taking writes, if it did.
     pub fn failure(&self) -> Option<String> {
         self.inner

@@ -11,8 +11,8 @@
 //! lookups per put at moderate rates: ~28% of the shards' samples at 25% of the
 //! closed loop, and put p50 8.6 us there against 1.9 since). With `--via handle` the
 //! puts arrive as requests the watcher cannot see, so once dispatch has caught up it
-//! looks again every [`OUTSIDE_POLL`] (up to that much more end-to-end latency) and
-//! wakes every consumer.
+//! waits for dispatch to go further (`Store::wait_dispatched_past`; it looked every
+//! 100 us before, 10,000 wakes a second) and wakes every consumer.
 
 use super::local::Shard;
 use super::measure::now_ns;
@@ -23,13 +23,9 @@ use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::task::{Poll, Waker};
-use std::time::Duration;
 
 /// Records a consumer asks for per `get` (RocketMQ's default pull batch).
 const PULL_BATCH: usize = 32;
-
-/// How often the watcher looks for new records when it cannot see puts arrive.
-pub(super) const OUTSIDE_POLL: Duration = Duration::from_micros(100);
 
 /// Decoding records `get` returned: it verified them already, and where each lies is
 /// not known here, so only the framing is decoded.
@@ -99,7 +95,15 @@ pub(super) async fn watch_dispatch(shard: Rc<Shard>) {
         if shard.local_producers {
             shard.arrival.changed().await;
         } else {
-            glommio::timer::sleep(OUTSIDE_POLL).await;
+            // Puts through the handle are not seen here: wake when dispatch goes past
+            // what was announced, or when the producers are done.
+            futures_lite::future::or(
+                async {
+                    store.wait_dispatched_past(announced).await;
+                },
+                shard.arrival.changed(),
+            )
+            .await;
         }
     }
     shard.drained.set(true);
