@@ -193,6 +193,13 @@ pub struct StoreConfig {
     pub retention: RetentionConfig,
     /// Delayed and timed messages (see [`ScheduleConfig`]).
     pub schedule: ScheduleConfig,
+    /// Called with (topic, queue id) when dispatch gives a queue new entries, at most
+    /// once per queue per dispatch pass, on the shard's thread (RocketMQ's
+    /// `MessageArrivingListener`): every record that gets a ConsumeQueue entry counts
+    /// (puts from anywhere, delayed and timed deliveries, transaction commits, a
+    /// slave's replicated records), the schedule and timer queues aside. The node wakes
+    /// the pulls held on that queue. Keep it short; it must not block.
+    pub on_arrival: Option<ArrivalHook>,
 }
 
 /// Delayed delivery (RocketMQ's `ScheduleMessageService`) and timed messages (RocketMQ
@@ -220,23 +227,18 @@ pub struct ScheduleConfig {
     pub timer_save_interval: Duration,
     /// Furthest delivery time accepted (RocketMQ 5 `timerMaxDelaySec`: 3 days).
     pub timer_max_delay: Duration,
-    /// Called with (topic, queue id) when a delivered message is dispatched into its
-    /// real queue, on the dispatching shard's thread (RocketMQ's
-    /// `MessageArrivingListener`): the node wakes the pulls held on that queue. Keep
-    /// it short; it must not block.
-    pub on_delivered: Option<DeliveredHook>,
 }
 
-/// The function a [`DeliveredHook`] calls with (topic, queue id).
-pub type DeliveredFn = dyn Fn(&str, i32) + Send + Sync;
+/// The function an [`ArrivalHook`] calls with (topic, queue id).
+pub type ArrivalFn = dyn Fn(&str, i32) + Send + Sync;
 
-/// A [`ScheduleConfig::on_delivered`] callback.
+/// A [`StoreConfig::on_arrival`] callback.
 #[derive(Clone)]
-pub struct DeliveredHook(pub std::sync::Arc<DeliveredFn>);
+pub struct ArrivalHook(pub std::sync::Arc<ArrivalFn>);
 
-impl std::fmt::Debug for DeliveredHook {
+impl std::fmt::Debug for ArrivalHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DeliveredHook")
+        f.write_str("ArrivalHook")
     }
 }
 
@@ -249,7 +251,6 @@ impl Default for ScheduleConfig {
             timer_max_delay: Duration::from_secs(3 * 86_400),
             timer_memory_entries: 262_144,
             timer_save_interval: Duration::from_secs(10),
-            on_delivered: None,
         }
     }
 }
@@ -564,6 +565,7 @@ impl StoreConfig {
             ha: HaConfig::default(),
             retention: RetentionConfig::default(),
             schedule: ScheduleConfig::default(),
+            on_arrival: None,
         }
     }
 

@@ -667,6 +667,36 @@ fn long_poll_wakes_on_arrival_and_times_out(network: Network) {
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
+/// A held pull wakes for whatever dispatch makes visible in its queue, not only for
+/// the node's own sends: here a put through the node's embedded handle (RocketMQ's
+/// `MessageArrivingListener`; before, such a message waited for the hold's 1 s
+/// re-check).
+#[test]
+fn a_held_pull_wakes_for_a_put_through_the_nodes_handle() {
+    for network in [Network::Shards, Network::Threads] {
+        let dir = tempfile::tempdir().unwrap();
+        let node = start(dir.path(), network);
+        let h = node.handle();
+        let putter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let m = coremq::Message::new("Embedded", 1, "from the handle");
+            futures_lite::future::block_on(h.put(m)).status
+        });
+        let mut c = Client::connect(node.broker_addr);
+        let t0 = Instant::now();
+        let r = pull(&mut c, "Embedded", 1, 0, 10_000);
+        let waited = t0.elapsed();
+        assert!(putter.join().unwrap().is_stored());
+        assert_eq!(r.code, SUCCESS, "{network:?}: {:?}", r.remark);
+        assert_eq!(bodies(&r), ["from the handle"]);
+        assert!(
+            waited < Duration::from_millis(800),
+            "{network:?}: the held pull woke after {waited:?}"
+        );
+        node.shutdown().unwrap();
+    }
+}
+
 fn frame(word: u32, header: &[u8]) -> Vec<u8> {
     let mut w = ((4 + header.len()) as u32).to_be_bytes().to_vec();
     w.extend_from_slice(&word.to_be_bytes());

@@ -27,6 +27,9 @@ const QUEUE_IO_IN_FLIGHT: usize = 16;
 pub(crate) struct Queue {
     pub cq: Rc<ConsumeQueue>,
     pub next_put: Cell<u64>,
+    /// The dispatch pass that last told the store's arrival hook about this queue
+    /// (`StoreConfig::on_arrival`: once per queue per pass).
+    pub told_in_pass: Cell<u64>,
 }
 
 type QueueMap = AHashMap<String, AHashMap<i32, Rc<Queue>>>;
@@ -109,6 +112,7 @@ impl QueueTable {
         Rc::new(Queue {
             cq: Rc::new(cq),
             next_put: Cell::new(0),
+            told_in_pass: Cell::new(0),
         })
     }
 

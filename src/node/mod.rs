@@ -271,10 +271,12 @@ impl Node {
         store_cfg.store.store_host = advertised;
         store_cfg.store.ha = cfg.ha_config();
         store_cfg.store.schedule = cfg.schedule_config();
-        // A delayed message delivered into its queue wakes the pulls held there.
+        // Whatever dispatch makes visible in a queue (a send, a delayed delivery, a
+        // transaction's commit, a put through the handle, a slave's replicated
+        // records) wakes the pulls held there.
         let arrivals = Arc::new(Arrivals::default());
         let woken = arrivals.clone();
-        store_cfg.store.schedule.on_delivered = Some(crate::config::DeliveredHook(Arc::new(
+        store_cfg.store.on_arrival = Some(crate::config::ArrivalHook(Arc::new(
             move |topic: &str, queue_id: i32| woken.arrived(topic, queue_id),
         )));
         let config_dir = cfg.data_dir.join("config");

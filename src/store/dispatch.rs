@@ -232,6 +232,7 @@ impl Inner {
     /// end of `bytes`, at a record cut by that end, after a blank, or at a record whose
     /// keys need the index to await (`pending`).
     fn dispatch_in_place(&self, bytes: &[u8], pos: u64, rebuild: bool) -> Result<InPlace> {
+        self.dispatch_pass.set(self.dispatch_pass.get() + 1);
         let mut done = InPlace {
             consumed: 0,
             appended: 0,
@@ -341,6 +342,13 @@ impl Inner {
                     self.schedule_arrived(r.queue_id);
                 } else if r.topic == TIMER_TOPIC {
                     self.timer_arrived();
+                } else if let Some(hook) = &self.cfg.on_arrival {
+                    // Once a pass: a batch or a run of one queue's records is one call.
+                    let pass = self.dispatch_pass.get();
+                    if q.told_in_pass.get() != pass {
+                        q.told_in_pass.set(pass);
+                        (hook.0)(r.topic, r.queue_id);
+                    }
                 }
                 Ok(true)
             }

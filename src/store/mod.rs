@@ -92,6 +92,8 @@ struct Inner {
     last_store_ts: Cell<i64>,
     /// Store time of the last record given a ConsumeQueue entry (logicsMsgTimestamp).
     last_dispatched_ts: Cell<i64>,
+    /// Dispatch passes so far: `StoreConfig::on_arrival` hears of a queue once a pass.
+    dispatch_pass: Cell<u64>,
     state: Cell<State>,
     failed: RefCell<Option<String>>,
     /// Serialises checkpoint rounds (background flusher, `Store::checkpoint`, shutdown).

@@ -40,7 +40,6 @@ pub(super) struct Scheduling {
     own_shard: u32,
     delivered: RefCell<Delivered>,
     services: RefCell<Vec<Service>>,
-    on_delivered: Option<crate::config::DeliveredHook>,
     /// Per level (queue id): notified when dispatch appends an entry to that
     /// `SCHEDULE_TOPIC_XXXX` queue, so an idle level task sleeps until then instead of
     /// polling (`crate::schedule`).
@@ -83,7 +82,6 @@ impl Scheduling {
             own_shard,
             delivered: RefCell::new(delivered),
             services: RefCell::new(Vec::new()),
-            on_delivered: cfg.schedule.on_delivered.clone(),
         })
     }
 }
@@ -140,9 +138,6 @@ impl Inner {
         if let Some(p) = Position::of_record(r.properties) {
             let end = r.phys_offset as u64 + r.total_size as u64;
             self.sched.delivered.borrow_mut().note(end, p);
-            if let Some(hook) = &self.sched.on_delivered {
-                (hook.0)(r.topic, r.queue_id);
-            }
         }
     }
 

@@ -102,7 +102,7 @@ async fn decide(
                 format!("the half message at {log_offset} has no valid REAL_TOPIC/REAL_QID"),
             )
         })?;
-        let (topic, queue_id) = (msg.topic.clone(), msg.queue_id);
+        // Its dispatch wakes the pulls held on its queue (`StoreConfig::on_arrival`).
         let r = st.handle.put(msg).await;
         if !r.status.is_stored() {
             return Err(reject(
@@ -113,7 +113,6 @@ async fn decide(
                 ),
             ));
         }
-        st.arrivals.arrived(&topic, queue_id);
     }
     let op = st
         .handle

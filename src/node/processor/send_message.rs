@@ -318,7 +318,6 @@ pub(super) async fn send(
     // The put's time for `coremq_put_latency_seconds`: its waits only (no clock read
     // for a put answered in its first poll, `crate::stats::timed`).
     let waited_us: u64;
-    let mut transactional = false;
     // The batch and half-message paths are boxed: this future is as large as all its
     // awaited futures together, and the task serving a send is spawned (copied whole)
     // per request (docs/performance/node.md, "The request task's size").
@@ -335,8 +334,7 @@ pub(super) async fn send(
         let mut msg = pool::PooledMessage::take();
         let props = h.get(SendField::Properties).unwrap_or("");
         base.fill(&mut msg, flag, body.clone(), props);
-        transactional = is_transactional(sys_flag, &msg.properties);
-        let mut r = if transactional {
+        let mut r = if is_transactional(sys_flag, &msg.properties) {
             refuse_transactional(st)?;
             // A half message waits in the half topic (`crate::transaction`).
             let half = crate::transaction::half(msg.into_inner());
@@ -382,10 +380,8 @@ pub(super) async fn send(
     };
     let stored = Stored {
         shard,
-        topic,
         queue_id,
         batch,
-        transactional,
         bytes,
         n,
         took: PutTook::Waited(waited_us),
@@ -421,12 +417,10 @@ pub(crate) struct There {
 }
 
 /// A stored (or refused) put, as [`send`] answers it.
-struct Stored<'a> {
+struct Stored {
     shard: usize,
-    topic: &'a str,
     queue_id: i32,
     batch: bool,
-    transactional: bool,
     bytes: u64,
     n: u64,
     took: PutTook,
@@ -451,7 +445,7 @@ impl PutTook {
     }
 }
 
-impl Stored<'_> {
+impl Stored {
     fn answer(
         &self,
         st: &NodeState,
@@ -460,10 +454,8 @@ impl Stored<'_> {
     ) -> Result<SendReply, Reject> {
         let Stored {
             shard,
-            topic,
             queue_id,
             batch,
-            transactional,
             bytes,
             n,
             ref took,
@@ -476,9 +468,6 @@ impl Stored<'_> {
         let m = st.metrics.shard(shard);
         m.puts.fetch_add(n, Ordering::Relaxed);
         m.put_bytes.fetch_add(bytes, Ordering::Relaxed);
-        if !transactional {
-            st.arrivals.arrived_on(Some(shard), topic, queue_id);
-        }
         let mut ids = ids;
         if !batch {
             // A single send answers its first id (none: an empty id, as before).
@@ -517,10 +506,8 @@ async fn hand_off(
         let ids = std::mem::take(&mut r.msg_ids);
         let stored = Stored {
             shard,
-            topic: &msg.topic,
             queue_id: msg.queue_id,
             batch: false,
-            transactional: false,
             bytes: msg.body.len() as u64,
             n: 1,
             took: PutTook::Since(began),
@@ -695,7 +682,6 @@ pub(super) async fn send_back(
     if !r.status.is_stored() {
         return Err(reject(code, remark.unwrap_or_default()));
     }
-    st.arrivals.arrived(&topic, 0);
     Ok(RemotingCommand::response_to(req, code, remark))
 }
 

@@ -201,6 +201,7 @@ async fn open_structures(
         dispatch_buf: RefCell::new(Vec::new()),
         last_store_ts: Cell::new(0),
         last_dispatched_ts: Cell::new(0),
+        dispatch_pass: Cell::new(0),
         state: Cell::new(State::Running),
         failed: RefCell::new(None),
         round_lock: glommio::sync::Semaphore::new(1),
