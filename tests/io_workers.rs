@@ -3,7 +3,7 @@
 //! otherwise; read from the workers' own `Cpus_allowed_list` while the store runs.
 mod common;
 use common::body;
-use coremq::{Message, PutStatus, ShardedConfig, ShardedStore, StoreConfig, StoreOps};
+use coremq::{Handle, Message, PutStatus, ShardedConfig, ShardedStore, StoreConfig, StoreOps};
 use futures_lite::future::block_on;
 use std::time::{Duration, Instant};
 
@@ -59,27 +59,38 @@ fn masks_of_a_running_shard(
     cfg.store = StoreConfig::small_for_tests(dir.path());
     let store = ShardedStore::open(cfg).unwrap();
     let h = store.handle();
-    let tid = block_on(h.run_on(0, |_| async { unsafe { libc::gettid() } })).unwrap();
+    let tid = shard_tid(&h);
+    let masks = masks_after_puts(&h, tid, "Workers");
+    store.shutdown().unwrap();
+    masks
+}
+
+/// The thread id of shard 0 of the store behind `h`.
+fn shard_tid(h: &Handle) -> i32 {
+    block_on(h.run_on(0, |_| async { unsafe { libc::gettid() } })).unwrap()
+}
+
+/// Puts to `topic` through `h` until shard 0 (thread `tid`) has io_uring workers;
+/// their CPU masks.
+fn masks_after_puts(h: &Handle, tid: i32, topic: &str) -> Vec<Vec<usize>> {
     let started = Instant::now();
     let mut i = 0;
-    let masks = loop {
+    loop {
         for _ in 0..50 {
-            let m = Message::new("Workers", 0, body("Workers", 0, i));
+            let m = Message::new(topic, 0, body(topic, 0, i));
             assert_eq!(block_on(h.put(m)).status, PutStatus::PutOk);
             i += 1;
         }
         let masks = worker_masks(tid);
         if !masks.is_empty() {
-            break masks;
+            return masks;
         }
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "no io_uring worker of the shard appeared after {i} puts"
         );
         std::thread::sleep(Duration::from_millis(20));
-    };
-    store.shutdown().unwrap();
-    masks
+    }
 }
 
 #[test]
@@ -156,27 +167,10 @@ fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
     let cfg = NodeConfig::from_file(&path).unwrap();
     let node = Node::start(cfg.clone()).unwrap();
     let h = node.handle();
-    let tid = block_on(h.run_on(0, |_| async { unsafe { libc::gettid() } })).unwrap();
+    let tid = shard_tid(&h);
     let shard = cpus_allowed(&format!("/proc/self/task/{tid}/status"));
     assert_eq!(shard, vec![shard_cpu], "the shard's CPUs");
-    let started = Instant::now();
-    let mut i = 0;
-    let masks = loop {
-        for _ in 0..50 {
-            let m = Message::new("NodeWorkers", 0, body("NodeWorkers", 0, i));
-            assert_eq!(block_on(h.put(m)).status, PutStatus::PutOk);
-            i += 1;
-        }
-        let masks = worker_masks(tid);
-        if !masks.is_empty() {
-            break masks;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no io_uring worker of the shard appeared after {i} puts"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let masks = masks_after_puts(&h, tid, "NodeWorkers");
     node.shutdown().unwrap();
     assert!(
         masks.iter().all(|m| *m == vec![worker_cpu]),

@@ -427,21 +427,21 @@ fn local_shard() -> Option<usize> {
 
 /// This thread's store, when this thread is the shard owning `(topic, queue_id)`.
 fn local_owner(topic: &str, queue_id: i32) -> Option<LocalStore> {
-    LOCAL_SHARD.with(|c| {
-        c.borrow()
-            .as_ref()
-            .filter(|ctx| ctx.owns(topic, queue_id))
-            .map(|ctx| LocalStore(ctx.store.clone()))
-    })
+    local_store_if(|ctx| ctx.owns(topic, queue_id))
 }
 
 /// This thread's store, when this thread is shard `shard` (the owner of a queue,
 /// already found): [`local_owner`] without finding it again.
 fn local_store_of(shard: usize) -> Option<LocalStore> {
+    local_store_if(|ctx| ctx.shard == shard)
+}
+
+/// This thread's store, when this thread is a shard executor and `mine` holds for it.
+fn local_store_if(mine: impl FnOnce(&crate::shard::ShardContext) -> bool) -> Option<LocalStore> {
     LOCAL_SHARD.with(|c| {
         c.borrow()
             .as_ref()
-            .filter(|ctx| ctx.shard == shard)
+            .filter(|ctx| mine(ctx))
             .map(|ctx| LocalStore(ctx.store.clone()))
     })
 }
