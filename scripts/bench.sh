@@ -43,7 +43,10 @@
 #        offered and achieved msg/s, put p50/p99/p99.9 and end-to-end p99 per point,
 #        and the put's own service time p99 (from when its lane began it: the rest of
 #        the latency is the late start, put_start_late_us in each point's JSON),
-#        the curves in bench-results/s11-latency-vs-load.svg.
+#        the curves in bench-results/s11-latency-vs-load.svg. The floor beside them:
+#        the same schedule at 10% and 50% kept and timed with nothing put
+#        (`coremq bench --pace-only`, s11-floor-10 and s11-floor-50), what the executor
+#        and the machine alone put under a paced put's latency.
 #
 # Usage: scripts/bench.sh [--quick] [--only LIST] [--dir DIR] [--out DIR]
 #   --quick      about 2 minutes instead of about 10 (shorter runs, smaller stores)
@@ -542,7 +545,8 @@ fi
 # put p50/p99/p99.9 and end-to-end p99 against the offered load, gathered in
 # s11-latency-vs-load.{json,svg}.
 s11_pcts=(10 25 50 75 90)
-s11_names="s11-capacity ${s11_pcts[*]/#/s11-}"
+s11_floors=(10 50)
+s11_names="s11-capacity ${s11_pcts[*]/#/s11-} ${s11_floors[*]/#/s11-floor-}"
 if want 11; then
     # The closed loop runs the points' workload, tailing consumers included: without
     # them (scenario 1) the store took twice what it sustains with them on these two
@@ -564,6 +568,15 @@ if want 11; then
                 '{"label": $lbl, "ok": false, "failed": true, "first_error": "no closed-loop rate"}' \
                 >"$detail/s11-$p.json"
         fi
+    done
+    # The floor: the same schedule (no consumers: they would wait for nothing), each
+    # slot timed as a put and nothing put.
+    for p in "${s11_floors[@]}"; do
+        rate=$((s11_cap * p / 100))
+        if [ "$rate" -gt 0 ]; then
+            run "s11-floor-$p" "the schedule of $p% of closed loop ($rate msg/s), nothing put (floor)" \
+                --duration "$secs" --body 1024 --queues 64 --rate "$rate" --pace-only
+        else skip "s11-floor-$p"; fi
     done
     s11_files=()
     for p in "${s11_pcts[@]}"; do s11_files+=("$detail/s11-$p.json"); done
@@ -842,6 +855,12 @@ s11_result() {
             out="$out put service p99 $(lat "$(j "$n" '.put_service_us.p99 // 0')");"
         fi
     done
+    for p in "${s11_floors[@]}"; do
+        n="s11-floor-$p"
+        if ! failed "$n" && [ "$(j "$n" '.put_latency_us == null')" = false ]; then
+            out="$out floor (the $p% schedule, nothing put): $(lat "$(j "$n" .put_latency_us.p50)") / $(lat "$(j "$n" .put_latency_us.p99)") / $(lat "$(j "$n" .put_latency_us.p99_9)");"
+        fi
+    done
     echo "${out%;}"
 }
 s11_baseline() {
@@ -852,8 +871,17 @@ s11_baseline() {
 s11_ratio() {
     # put p99 and p99.9 at 90% over the same at 10%.
     if failed s11-10 || failed s11-90 || [ "$(j s11-90 '.put_latency_us == null')" = true ]; then echo "-"; return; fi
-    echo "put p99 at 90% / at 10%: $(ratio "$(j s11-90 .put_latency_us.p99)" "$(j s11-10 '[.put_latency_us.p99, 0.001] | max')");" \
-        "p99.9: $(ratio "$(j s11-90 .put_latency_us.p99_9)" "$(j s11-10 '[.put_latency_us.p99_9, 0.001] | max')")"
+    local p out
+    out="put p99 at 90% / at 10%: $(ratio "$(j s11-90 .put_latency_us.p99)" "$(j s11-10 '[.put_latency_us.p99, 0.001] | max')");"
+    out="$out p99.9: $(ratio "$(j s11-90 .put_latency_us.p99_9)" "$(j s11-10 '[.put_latency_us.p99_9, 0.001] | max')")"
+    # Each floored point over its floor.
+    for p in "${s11_floors[@]}"; do
+        if ! failed "s11-$p" && ! failed "s11-floor-$p" && [ "$(j "s11-floor-$p" '.put_latency_us == null')" = false ]; then
+            out="$out; at $p%, put p99 / p99.9 over the floor's: $(ratio "$(j "s11-$p" .put_latency_us.p99)" "$(j "s11-floor-$p" '[.put_latency_us.p99, 0.001] | max')")"
+            out="$out / $(ratio "$(j "s11-$p" .put_latency_us.p99_9)" "$(j "s11-floor-$p" '[.put_latency_us.p99_9, 0.001] | max')")"
+        fi
+    done
+    echo "$out"
 }
 {
     echo "# coremq benchmark results"
@@ -926,7 +954,8 @@ s11_ratio() {
     echo "Node: CPU per message is the node process's user + system time over the run (its process_cpu_seconds_total, getrusage)"
     echo "divided by the messages acknowledged; the load generator runs on the same CPUs; goals from issue 20."
     echo "Latency vs load: open-loop runs offered a share of the closed-loop rate of the same workload with consumers (s11-capacity, this run);"
-    echo "curves in $(basename "$detail")/s11-latency-vs-load.svg."
+    echo "curves in $(basename "$detail")/s11-latency-vs-load.svg. Its floor: the same open-loop schedule with nothing put (--pace-only), each slot timed"
+    echo "as a put: how late the executor and the machine start a put that costs nothing (timer wake-ups, the CPU lost to other threads)."
     echo "Per-scenario JSON, SVG latency curves and logs: $(basename "$detail")/."
 } >"$out/bench-results.md"
 

@@ -213,6 +213,56 @@ fn a_paced_run_splits_put_latency_into_late_start_and_service() {
     }
 }
 
+/// `--pace-only` (the floor under a paced put, scenario 11) keeps and times the
+/// producers' schedule like a paced run but puts nothing: every slot is counted and
+/// timed, and the store's log stays empty.
+#[test]
+fn a_pace_only_run_times_the_schedule_and_puts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = loadgen::LoadConfig {
+        label: "pace only".into(),
+        data_dir: Some(dir.path().join("store")),
+        shards: Some(SHARDS as u32),
+        queues: QUEUES as u32,
+        messages: Some(PER_RUN),
+        outstanding: 4,
+        rate: Some(4000.0),
+        pace_only: true,
+        quiet: true,
+        ..loadgen::LoadConfig::default()
+    };
+    let report = loadgen::run(&cfg).expect("bench runs");
+    assert!(report.ok(), "{}", report.summary());
+    let j = report.to_json();
+    assert_eq!(report.messages, PER_RUN, "{j}");
+    assert_eq!(
+        j["put_start_late_us"]["count"].as_u64(),
+        Some(PER_RUN),
+        "{j}"
+    );
+    assert_eq!(j["log_bytes"].as_u64(), Some(0), "{j}");
+    assert_eq!(j["config"]["pace_only"].as_bool(), Some(true), "{j}");
+    assert!(
+        report.summary().contains("nothing put"),
+        "{}",
+        report.summary()
+    );
+    // The store it ran on holds nothing.
+    let store = ShardedStore::open(config(&dir.path().join("store"), SHARDS)).unwrap();
+    let h = store.handle();
+    for q in 0..QUEUES {
+        assert_eq!(block_on(h.queue_offsets("BenchTopic0", q)).unwrap(), (0, 0));
+    }
+    for shard in 0..SHARDS {
+        let st = block_on(h.shard_status(shard)).unwrap();
+        assert_eq!(st.max_log_offset, st.min_log_offset, "shard {shard}");
+    }
+    store.shutdown().unwrap();
+    // Without a rate there is no schedule to keep.
+    let unpaced = loadgen::LoadConfig { rate: None, ..cfg };
+    assert!(loadgen::run(&unpaced).is_err());
+}
+
 /// A closed loop (no `--rate`) with tailing consumers: the consumers are woken and
 /// read while the producers run, not only once they stop (the rule that tells them is
 /// unit-tested in `loadgen::local`; this is the wiring, end to end). When a queue's

@@ -175,6 +175,11 @@ pub struct LoadConfig {
     /// Target rate in messages/s over all producers (open loop); default: unlimited
     #[arg(long)]
     pub rate: Option<f64>,
+    /// With --rate: keep the producers' schedule and time it, but put nothing: the
+    /// floor the executor and the machine put under a paced put's latency (the
+    /// scheduling delay a put of zero cost would see). --via local, no --consumers
+    #[arg(long, requires = "rate", conflicts_with_all = ["consumers", "target"])]
+    pub pace_only: bool,
     /// Run in DIR and keep the store there [default: a temporary directory under the
     /// current one, removed at the end]
     #[arg(long, value_name = "DIR")]
@@ -450,6 +455,19 @@ impl LoadConfig {
         if !(self.drain_timeout >= 0.0 && self.drain_timeout.is_finite()) {
             return Err("--drain-timeout must be a number of seconds".into());
         }
+        if self.pace_only
+            && (self.via != Via::Local
+                || self.mode != Mode::Produce
+                || self.rate.is_none()
+                || self.consumers
+                || self.target.is_some())
+        {
+            return Err(
+                "--pace-only keeps a --rate schedule on the shards (--via local, \
+                        produce mode, no --consumers or --target)"
+                    .into(),
+            );
+        }
         if self.body.min < BodySize::MIN {
             return Err(format!("bodies must be at least {} bytes", BodySize::MIN));
         }
@@ -474,6 +492,7 @@ impl LoadConfig {
             "duration_s": if self.messages.is_some() { None } else { Some(self.duration) },
             "messages": self.messages,
             "rate": self.rate,
+            "pace_only": self.pace_only,
             "drain_timeout_s": self.drain_timeout,
             "key_index": !self.no_index,
             "max_dispatch_lag_mib": self.max_dispatch_lag_mib,

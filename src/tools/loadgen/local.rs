@@ -146,6 +146,10 @@ struct LocalPuts(Rc<Shard>);
 
 impl PutPath for LocalPuts {
     async fn put(&self, msgs: &mut Vec<Message>) -> PutStatus {
+        if self.0.plan.cfg.pace_only {
+            // The floor under a paced put (`--pace-only`): its schedule, no put.
+            return PutStatus::PutOk;
+        }
         if msgs.len() == 1 {
             self.0.store.put(&msgs[0]).await.status
         } else {

@@ -247,6 +247,8 @@ impl Report {
             )),
             if c.consumers {
                 ", tailing consumers"
+            } else if c.pace_only {
+                ", pace only: the schedule kept and timed, nothing put"
             } else {
                 ""
             },
