@@ -168,6 +168,20 @@ fn tiny_timer_bench_runs() {
     assert!(loadgen::run_mode(&cfg).is_err(), "a kept store is refused");
 }
 
+/// `PER_RUN` messages, 4 outstanding, on a store under `dir`.
+fn small_run(dir: &std::path::Path, label: &str) -> loadgen::LoadConfig {
+    loadgen::LoadConfig {
+        label: label.into(),
+        data_dir: Some(dir.join("store")),
+        shards: Some(SHARDS as u32),
+        queues: QUEUES as u32,
+        messages: Some(PER_RUN),
+        outstanding: 4,
+        quiet: true,
+        ..loadgen::LoadConfig::default()
+    }
+}
+
 /// A paced run (`--rate`) reports, for every put, how late it began and its own time
 /// from when its lane began it, beside the latency charged from its intended start;
 /// each put's latency is at least its service time, so the service percentiles never
@@ -178,19 +192,12 @@ fn a_paced_run_splits_put_latency_into_late_start_and_service() {
     for rate in [Some(4000.0), None] {
         let dir = tempfile::tempdir().unwrap();
         let cfg = loadgen::LoadConfig {
-            label: "paced".into(),
-            data_dir: Some(dir.path().join("store")),
-            shards: Some(SHARDS as u32),
-            queues: QUEUES as u32,
-            messages: Some(PER_RUN),
-            outstanding: 4,
             rate,
             // Tailing consumers, woken per queue: every message is read back (the run
             // is not ok otherwise) within the drain timeout.
             consumers: true,
             drain_timeout: 10.0,
-            quiet: true,
-            ..loadgen::LoadConfig::default()
+            ..small_run(dir.path(), "paced")
         };
         let report = loadgen::run(&cfg).expect("bench runs");
         assert!(report.ok(), "{}", report.summary());
@@ -220,16 +227,9 @@ fn a_paced_run_splits_put_latency_into_late_start_and_service() {
 fn a_pace_only_run_times_the_schedule_and_puts_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = loadgen::LoadConfig {
-        label: "pace only".into(),
-        data_dir: Some(dir.path().join("store")),
-        shards: Some(SHARDS as u32),
-        queues: QUEUES as u32,
-        messages: Some(PER_RUN),
-        outstanding: 4,
         rate: Some(4000.0),
         pace_only: true,
-        quiet: true,
-        ..loadgen::LoadConfig::default()
+        ..small_run(dir.path(), "pace only")
     };
     let report = loadgen::run(&cfg).expect("bench runs");
     assert!(report.ok(), "{}", report.summary());

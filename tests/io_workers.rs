@@ -134,8 +134,13 @@ fn a_cpu_the_process_may_not_use_is_refused() {
     cfg.shards = 1;
     cfg.store = StoreConfig::small_for_tests(dir.path());
     cfg.io_worker_cpus = Some(vec![100_000]);
-    match ShardedStore::open(cfg) {
-        Err(coremq::Error::Config(why)) => assert!(why.contains("io_worker_cpus"), "{why}"),
+    refused(ShardedStore::open(cfg), "io_worker_cpus");
+}
+
+/// `opened` failed with a configuration error naming `setting`.
+fn refused<T>(opened: coremq::Result<T>, setting: &str) {
+    match opened {
+        Err(coremq::Error::Config(why)) => assert!(why.contains(setting), "{why}"),
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("a CPU beyond the machine was accepted"),
     }
@@ -180,9 +185,5 @@ fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
     let mut bad = cfg;
     bad.data_dir = dir.path().join("other");
     bad.cpus = Some(vec![100_000]);
-    match Node::start(bad) {
-        Err(coremq::Error::Config(why)) => assert!(why.contains("cpus"), "{why}"),
-        Err(e) => panic!("unexpected error: {e}"),
-        Ok(_) => panic!("a CPU beyond the machine was accepted"),
-    }
+    refused(Node::start(bad), "cpus");
 }

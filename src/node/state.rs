@@ -532,24 +532,15 @@ impl Arrivals {
     }
 
     /// The part holding `(topic, queue_id)`, locked (`None`: not counting yet).
-    /// `owner`: the queue's shard when the caller knows it (a send does), else found
-    /// here.
-    fn part(
-        &self,
-        topic: &str,
-        queue_id: i32,
-        owner: Option<usize>,
-    ) -> Option<MutexGuard<'_, ArrivalsMap>> {
+    fn part(&self, topic: &str, queue_id: i32) -> Option<MutexGuard<'_, ArrivalsMap>> {
         let (ownership, parts) = self.parts.get()?;
-        let at = owner
-            .filter(|&s| s < parts.len())
-            .unwrap_or_else(|| ownership.shard_of(topic, queue_id, parts.len()));
-        debug_assert_eq!(at, ownership.shard_of(topic, queue_id, parts.len()));
-        Some(lock(&parts[at].0))
+        Some(lock(
+            &parts[ownership.shard_of(topic, queue_id, parts.len())].0,
+        ))
     }
 
     pub fn seq(&self, topic: &str, queue_id: i32) -> u64 {
-        self.part(topic, queue_id, None)
+        self.part(topic, queue_id)
             .as_ref()
             .and_then(|q| q.get(topic))
             .and_then(|t| t.get(&queue_id))
@@ -572,7 +563,7 @@ impl Arrivals {
     /// already moved past `seen`.
     pub fn subscribe(&self, topic: &str, queue_id: i32, seen: u64) -> flume::Receiver<()> {
         let (tx, rx) = flume::bounded(1);
-        let Some(mut q) = self.part(topic, queue_id, None) else {
+        let Some(mut q) = self.part(topic, queue_id) else {
             // Not counting yet: look again at once.
             let _ = tx.try_send(());
             return rx;
@@ -588,14 +579,9 @@ impl Arrivals {
         rx
     }
 
+    /// The queue has new entries (`StoreConfig::on_arrival`): its held pulls wake.
     pub fn arrived(&self, topic: &str, queue_id: i32) {
-        self.arrived_on(None, topic, queue_id)
-    }
-
-    /// [`Arrivals::arrived`] for a queue of shard `owner` (the send's own
-    /// `Handle::shard_of`): the owner is not worked out again.
-    pub fn arrived_on(&self, owner: Option<usize>, topic: &str, queue_id: i32) {
-        let Some(mut q) = self.part(topic, queue_id, owner) else {
+        let Some(mut q) = self.part(topic, queue_id) else {
             return;
         };
         let (seq, waiters) = Self::entry(&mut q, topic, queue_id);
@@ -646,8 +632,7 @@ mod tests {
         a.arrived("T", 2);
         a.arrived("U", 2);
         assert!(held.try_recv().is_err(), "another queue's arrival");
-        // A send names its queue's shard; the same part as when it is worked out.
-        a.arrived_on(Some(ownership.shard_of("T", 1, 2)), "T", 1);
+        a.arrived("T", 1);
         assert!(held.try_recv().is_ok());
         assert_eq!((a.seq("T", 1), a.seq("T", 2), a.seq("U", 1)), (1, 1, 0));
         assert!(
