@@ -167,6 +167,14 @@ fn prop<'a>(props: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
+/// Whether `props` has a property that could schedule its message ([`admit`]'s cheap
+/// exit: a put asks this before it reads the clock).
+pub fn may_schedule(props: &[(String, String)]) -> bool {
+    props
+        .iter()
+        .any(|(n, _)| n == DELAY || n.starts_with("TIMER_") || n == START_DELIVER_TIME)
+}
+
 /// Decides what a put of a message with `topic`, transaction type `tx_type` (sysflag
 /// bits 2-3) and `props` does at `now_ms` (module docs). Scheduling applies to
 /// non-transactional and committed messages only, and never to a message already in a
@@ -180,8 +188,7 @@ pub fn admit(
     timer: TimerRules,
 ) -> Admission {
     // Cheap exit for the common message: no property that could schedule it.
-    let scheduling = |n: &str| n == DELAY || n.starts_with("TIMER_") || n == START_DELIVER_TIME;
-    if !props.iter().any(|(n, _)| scheduling(n)) {
+    if !may_schedule(props) {
         return Admission::Plain;
     }
     if tx_type != 0 && tx_type != super::record::SYSFLAG_TRANSACTION_COMMIT {

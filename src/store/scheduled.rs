@@ -89,6 +89,11 @@ impl Scheduling {
 impl Inner {
     /// What a put does with `m` (`format::schedule::admit`).
     pub(super) fn admit(&self, m: &Message) -> Admission {
+        // The clock only for a message that could be scheduled (a clock read is ~1% of
+        // a node's samples under single sends on this VM).
+        if !schedule::may_schedule(&m.properties) {
+            return Admission::Plain;
+        }
         schedule::admit(
             &m.topic,
             m.sys_flag & SYSFLAG_TRANSACTION_MASK,

@@ -310,7 +310,12 @@ pub(super) async fn send(
         sys_flag,
         reconsume,
     };
-    let shard = st.handle.shard_of(topic, queue_id);
+    // On a shard's port the queue is that shard's (`ShardView`'s invariant): no hash.
+    let shard = match view {
+        Some(v) => v.shard,
+        None => st.handle.shard_of(topic, queue_id),
+    };
+    debug_assert_eq!(shard, st.handle.shard_of(topic, queue_id));
     // The C++ client sends batches as SEND_MESSAGE with `batch = 1`.
     let batch = code == SEND_BATCH_MESSAGE
         || h.get(SendField::Batch)
