@@ -270,6 +270,10 @@ pub struct LoadConfig {
     /// writes into recycled or new segments (scenario 3c)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub fill_segments: u64,
+    /// Leave the shards' threads unpinned, for the kernel to place (`ShardedConfig::pin`
+    /// false); default: each shard pinned to a CPU
+    #[arg(long)]
+    pub no_pin: bool,
     /// Let every shard's executor spin this long for I/O before parking (glommio's
     /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
     #[arg(long, value_name = "US")]
@@ -503,6 +507,7 @@ impl LoadConfig {
             "segment_mib": self.segment_mib,
             "spare_segments": self.spare_segments,
             "fill_segments": self.fill_segments,
+            "pin": !self.no_pin,
             "spin_us": self.spin_us,
             "awake_window_us": self.awake_window_us,
             "reply_spin_us": self.reply_spin_us,

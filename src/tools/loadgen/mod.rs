@@ -133,7 +133,7 @@ fn open_store(
 ) -> Result<ShardedStore, String> {
     let mut sc = crate::ShardedConfig::new(root);
     sc.shards = shards;
-    sc.pin = true;
+    sc.pin = !cfg.no_pin;
     sc.store = template;
     sc.spin_before_park = cfg.spin_us.map(Duration::from_micros);
     if let Some(us) = cfg.awake_window_us {
