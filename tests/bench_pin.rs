@@ -56,6 +56,8 @@ fn masks_during_a_run(no_pin: bool) -> Vec<Vec<usize>> {
         outstanding: 4,
         quiet: true,
         no_pin,
+        // Pinned throughout (an idle shard would let go of its CPU: `idle_unpin`).
+        always_pin: !no_pin,
         ..loadgen::LoadConfig::default()
     };
     let done = Arc::new(AtomicBool::new(false));

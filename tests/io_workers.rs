@@ -146,9 +146,10 @@ fn refused<T>(opened: coremq::Result<T>, setting: &str) {
     }
 }
 
-/// `coremq serve`'s `cpus` and `io_worker_cpus` (TOML) reach the store: the shard runs
-/// on the CPU named, its io_uring workers on the ones named for them; a CPU the
-/// process may not use stops the node before it serves.
+/// `coremq serve`'s `cpus`, `io_worker_cpus` and `unpin_when_idle` (TOML) reach the
+/// store: the shard runs on the CPU named, and stays there while idle, its io_uring
+/// workers on the ones named for them; a CPU the process may not use stops the node
+/// before it serves.
 #[cfg(feature = "node")]
 #[test]
 fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
@@ -164,7 +165,7 @@ fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
     let toml = format!(
         "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\nnamesrv_enable = false\n\
          metrics_enable = false\nha_enable = false\nshards = 1\n\
-         cpus = [{shard_cpu}]\nio_worker_cpus = [{worker_cpu}]\n",
+         cpus = [{shard_cpu}]\nio_worker_cpus = [{worker_cpu}]\nunpin_when_idle = false\n",
         dir.path().join("data")
     );
     let path = dir.path().join("coremq.toml");
@@ -173,6 +174,8 @@ fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
     let node = Node::start(cfg.clone()).unwrap();
     let h = node.handle();
     let tid = shard_tid(&h);
+    // Idle for more than two of `idle_unpin`'s windows: pinned all the same.
+    std::thread::sleep(Duration::from_millis(700));
     let shard = cpus_allowed(&format!("/proc/self/task/{tid}/status"));
     assert_eq!(shard, vec![shard_cpu], "the shard's CPUs");
     let masks = masks_after_puts(&h, tid, "NodeWorkers");

@@ -71,6 +71,9 @@ pub struct NodeConfig {
     /// Pin each shard to a CPU: shard `i` to `cpus[i]` when `cpus` is given, else to
     /// the CPUs this process may use, in order (`ShardedConfig::pin`).
     pub pin: bool,
+    /// With `pin`: a shard mostly idle lets the kernel place its thread, pinned again
+    /// once busy (`ShardedConfig::unpin_when_idle`; default true).
+    pub unpin_when_idle: bool,
     /// With `pin`: the CPU of each shard, e.g. `[2, 3]` (`ShardedConfig::cpus`); every
     /// one must be a CPU this process may use. Absent: chosen as the store chooses.
     pub cpus: Option<Vec<usize>>,
@@ -216,6 +219,7 @@ impl Default for NodeConfig {
             owner_answers_routed_sends: true,
             shard_listen: None,
             pin: true,
+            unpin_when_idle: true,
             cpus: None,
             io_worker_cpus: None,
             flush: "async".into(),
@@ -396,6 +400,7 @@ impl NodeConfig {
             s.shards = self.shards;
         }
         s.pin = self.pin;
+        s.unpin_when_idle = self.unpin_when_idle;
         s.cpus = self.cpus.clone();
         s.io_worker_cpus = self.io_worker_cpus.clone();
         if let Some(us) = self.awake_window_us {

@@ -13,6 +13,8 @@
 //!   open and shutdown, and how a dead shard is noticed.
 //! * `placement`: which CPU each shard runs on by default (the data disk's interrupt
 //!   CPUs first when there are CPUs to spare).
+//! * `idle_unpin`: a pinned shard that is mostly idle lets the kernel place it
+//!   (`unpin_when_idle`).
 //! * `ops`: [`Route`] (run work on a shard's store) and [`StoreOps`], every operation
 //!   written once over any `Route`.
 //! * `handle`: [`Handle`], the `Send + Sync + Clone` route from any thread, and the
@@ -30,6 +32,7 @@
 
 mod context;
 mod handle;
+mod idle_unpin;
 mod io_workers;
 mod meta;
 mod ops;

@@ -25,6 +25,8 @@
 //! * **Placement** (`pin`, `cpus`): shard `i` runs on `cpus[i]` (default: the CPUs
 //!   this process may use, the data disk's interrupt CPUs first when there are fewer
 //!   shards than CPUs: `placement.rs`), or wherever the kernel puts it (`pin = false`).
+//!   A pinned shard that is mostly idle lets the kernel place it until it is busy
+//!   again (`unpin_when_idle`, `idle_unpin.rs`).
 //!   A shard's io_uring workers (its file writes) go to the CPUs that hold no shard,
 //!   when there are any (`io_worker_cpus`, `io_workers.rs`).
 
@@ -89,6 +91,11 @@ pub struct ShardedConfig {
     pub store: StoreConfig,
     /// Requests that may wait in a shard's queue before senders wait.
     pub channel_capacity: usize,
+    /// With `pin` (default: on): a shard busy less than a tenth of a CPU over a
+    /// quarter second lets the kernel place its thread on any CPU the process may use,
+    /// and pins itself again above a quarter of a CPU (`idle_unpin.rs`: at light load
+    /// it is woken where its waker runs).
+    pub unpin_when_idle: bool,
     /// glommio `spin_before_park` (off by default; see the module docs).
     pub spin_before_park: Option<Duration>,
     /// glommio registered I/O memory per shard.
@@ -117,6 +124,7 @@ impl ShardedConfig {
             store: StoreConfig::new(&root),
             root,
             channel_capacity: 4096,
+            unpin_when_idle: true,
             spin_before_park: None,
             io_memory_bytes: 64 << 20,
             preempt_timer: Some(DEFAULT_PREEMPT_TIMER),
@@ -217,6 +225,8 @@ fn allowed_only(what: &str, list: &[usize]) -> Result<()> {
 struct ThreadSetup {
     awake_window: Duration,
     timer_spin: Duration,
+    /// The shard's CPU and the process's CPUs, when it unpins itself while idle.
+    unpin_when_idle: Option<(usize, Vec<usize>)>,
     /// Empty: the kernel's default.
     io_worker_cpus: Vec<usize>,
 }
@@ -260,6 +270,9 @@ impl ShardedStore {
             let setup = ThreadSetup {
                 awake_window: cfg.awake_window,
                 timer_spin: cfg.timer_spin,
+                unpin_when_idle: cpus[i]
+                    .filter(|_| cfg.unpin_when_idle)
+                    .map(|c| (c, crate::shard::wait::allowed_cpus())),
                 io_worker_cpus: worker_cpus.clone(),
             };
             let spawned = cfg
@@ -459,6 +472,9 @@ async fn shard_main(
     };
     ALIVE.with(|a| *a.borrow_mut() = Some(alive));
     crate::shard::wait::enter_shard(setup.awake_window, setup.timer_spin);
+    if let Some((cpu, all)) = setup.unpin_when_idle {
+        glommio::spawn_local(super::idle_unpin::follow_load(shard, cpu, all)).detach();
+    }
     shard_serve(shard, cfg, &handle, inbox, ready, beats).await;
     // A normal end: dead from here (a panic's end is the thread-local's destructor).
     ALIVE.with(|a| drop(a.borrow_mut().take()));

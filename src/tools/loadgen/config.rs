@@ -274,6 +274,11 @@ pub struct LoadConfig {
     /// false); default: each shard pinned to a CPU
     #[arg(long)]
     pub no_pin: bool,
+    /// Keep each shard pinned even while it is mostly idle
+    /// (`ShardedConfig::unpin_when_idle` false); default: an idle shard lets the kernel
+    /// place its thread and pins itself again once busy
+    #[arg(long, conflicts_with = "no_pin")]
+    pub always_pin: bool,
     /// Let every shard's executor spin this long for I/O before parking (glommio's
     /// `spin_before_park`; burns CPU, shortens wake-ups); default: no spinning
     #[arg(long, value_name = "US")]
@@ -508,6 +513,7 @@ impl LoadConfig {
             "spare_segments": self.spare_segments,
             "fill_segments": self.fill_segments,
             "pin": !self.no_pin,
+            "unpin_when_idle": !self.no_pin && !self.always_pin,
             "spin_us": self.spin_us,
             "awake_window_us": self.awake_window_us,
             "reply_spin_us": self.reply_spin_us,

@@ -134,6 +134,7 @@ fn open_store(
     let mut sc = crate::ShardedConfig::new(root);
     sc.shards = shards;
     sc.pin = !cfg.no_pin;
+    sc.unpin_when_idle = !cfg.always_pin;
     sc.store = template;
     sc.spin_before_park = cfg.spin_us.map(Duration::from_micros);
     if let Some(us) = cfg.awake_window_us {
