@@ -16,8 +16,8 @@
 //!
 //! Invariants:
 //! * Only the shard's own thread changes its mask (`sched_setaffinity(0, ..)` from a
-//!   task on its executor), only between the shard's own CPU and the CPUs the process
-//!   may use.
+//!   task on its executor), only between the shard's own CPU and the CPUs of all the
+//!   shards (never onto a CPU left to io_uring workers or to the application).
 //! * The decision reads the thread's own CPU time over a window of [`WINDOW`]: unpinned
 //!   below [`UNPIN_BELOW`] of a CPU, pinned again above [`PIN_ABOVE`]; the gap between
 //!   them keeps a shard near one threshold from flapping.
@@ -77,7 +77,7 @@ fn set_this_threads_cpus(cpus: &[usize]) -> std::io::Result<()> {
 }
 
 /// Runs on shard `shard`'s executor for as long as it lives: pinned to `cpu` while
-/// busy, on `all` while mostly idle (see the module docs).
+/// busy, on `all` (the shards' CPUs) while mostly idle (see the module docs).
 pub(crate) async fn follow_load(shard: usize, cpu: usize, all: Vec<usize>) {
     if all.len() < 2 {
         return;

@@ -92,8 +92,8 @@ pub struct ShardedConfig {
     /// Requests that may wait in a shard's queue before senders wait.
     pub channel_capacity: usize,
     /// With `pin` (default: on): a shard busy less than a tenth of a CPU over a
-    /// quarter second lets the kernel place its thread on any CPU the process may use,
-    /// and pins itself again above a quarter of a CPU (`idle_unpin.rs`: at light load
+    /// quarter second lets the kernel place its thread on any of the shards' CPUs, and
+    /// pins itself again above a quarter of a CPU (`idle_unpin.rs`: at light load
     /// it is woken where its waker runs).
     pub unpin_when_idle: bool,
     /// glommio `spin_before_park` (off by default; see the module docs).
@@ -225,7 +225,7 @@ fn allowed_only(what: &str, list: &[usize]) -> Result<()> {
 struct ThreadSetup {
     awake_window: Duration,
     timer_spin: Duration,
-    /// The shard's CPU and the process's CPUs, when it unpins itself while idle.
+    /// The shard's CPU and the CPUs of all shards, when it unpins itself while idle.
     unpin_when_idle: Option<(usize, Vec<usize>)>,
     /// Empty: the kernel's default.
     io_worker_cpus: Vec<usize>,
@@ -256,6 +256,11 @@ impl ShardedStore {
             Handle::new(cfg.shards, cfg.channel_capacity, ownership, cfg.reply_spin);
         let beats = cfg.stall_threshold.map(|t| Beats::new(cfg.shards, t));
         let cpus = cfg.shard_cpus();
+        // Where an idle shard may go: the shards' CPUs, not the ones left to io_uring
+        // workers or to the application.
+        let mut shards_cpus: Vec<usize> = cpus.iter().flatten().copied().collect();
+        shards_cpus.sort_unstable();
+        shards_cpus.dedup();
         let worker_cpus = cfg.io_worker_cpus(&cpus);
         if !worker_cpus.is_empty() {
             tracing::info!(cpus = ?worker_cpus, "the shards' io_uring workers (file writes) run on these CPUs");
@@ -272,7 +277,7 @@ impl ShardedStore {
                 timer_spin: cfg.timer_spin,
                 unpin_when_idle: cpus[i]
                     .filter(|_| cfg.unpin_when_idle)
-                    .map(|c| (c, crate::shard::wait::allowed_cpus())),
+                    .map(|c| (c, shards_cpus.clone())),
                 io_worker_cpus: worker_cpus.clone(),
             };
             let spawned = cfg
