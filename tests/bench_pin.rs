@@ -6,24 +6,9 @@ use coremq::tools::loadgen;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// A `Cpus_allowed_list` value ("0-2,5") as CPU numbers.
-fn parse_list(s: &str) -> Vec<usize> {
-    let mut out = Vec::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => out.push(part.parse().unwrap()),
-        }
-    }
-    out
-}
-
-fn cpus_allowed(status: &str) -> Option<Vec<usize>> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .map(parse_list)
-}
+#[path = "common/cpus.rs"]
+mod cpus;
+use cpus::in_status as cpus_allowed;
 
 /// The CPU masks of the threads alive now whose name starts `coremq-shard-`: the shard
 /// executors (`coremq-shard-<i>-<id>`) and the helper threads they start, which take

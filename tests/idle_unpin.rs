@@ -6,25 +6,9 @@ use coremq::{ShardedConfig, ShardedStore, StoreConfig};
 use futures_lite::future::block_on;
 use std::time::{Duration, Instant};
 
-fn parse_list(s: &str) -> Vec<usize> {
-    let mut out = Vec::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => out.push(part.parse().unwrap()),
-        }
-    }
-    out
-}
-
-fn mask_of(status_path: &str) -> Vec<usize> {
-    let status = std::fs::read_to_string(status_path).unwrap();
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .expect("Cpus_allowed_list in status");
-    parse_list(line)
-}
+#[path = "common/cpus.rs"]
+mod cpus;
+use cpus::of as mask_of;
 
 /// Polls `tid`'s mask until it equals `want` or `within` passes; the last mask seen.
 fn wait_for_mask(tid: i64, want: &[usize], within: Duration) -> Vec<usize> {

@@ -7,26 +7,9 @@ use coremq::{Handle, Message, PutStatus, ShardedConfig, ShardedStore, StoreConfi
 use futures_lite::future::block_on;
 use std::time::{Duration, Instant};
 
-/// A `Cpus_allowed_list` value ("0-2,5") as CPU numbers.
-fn parse_list(s: &str) -> Vec<usize> {
-    let mut out = Vec::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => out.push(part.parse().unwrap()),
-        }
-    }
-    out
-}
-
-fn cpus_allowed(status_path: &str) -> Vec<usize> {
-    let status = std::fs::read_to_string(status_path).unwrap();
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .expect("Cpus_allowed_list in status");
-    parse_list(line)
-}
+#[path = "common/cpus.rs"]
+mod cpus;
+use cpus::of as cpus_allowed;
 
 /// The CPU masks of the io_uring workers of thread `tid`, one per worker.
 fn worker_masks(tid: i32) -> Vec<Vec<usize>> {
