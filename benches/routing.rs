@@ -105,9 +105,43 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// The floor under a put through the handle at a low rate: a bare glommio executor
+/// (pinned to `cpu`, or unpinned) echoing one value per request through flume
+/// channels, paced at `rate` from this thread; returns the executor's CPU per request
+/// (the process's CPU less this thread's).
+fn bare_glommio_paced(rate: u64, secs: u64, cpu: Option<usize>) -> Duration {
+    let (to_tx, to_rx) = flume::bounded::<u64>(1);
+    let (back_tx, back_rx) = flume::bounded::<u64>(1);
+    let placement = cpu.map_or(glommio::Placement::Unbound, glommio::Placement::Fixed);
+    let ex = glommio::LocalExecutorBuilder::new(placement)
+        .spawn(move || async move {
+            while let Ok(v) = to_rx.recv_async().await {
+                if back_tx.send_async(v).await.is_err() {
+                    break;
+                }
+            }
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let n = rate * secs;
+    let (c0, m0, t0) = (process_cpu(), thread_cpu(), Instant::now());
+    for i in 0..n {
+        let due = t0 + Duration::from_nanos(i * 1_000_000_000 / rate);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        to_tx.send(i).unwrap();
+        assert_eq!(block_on(back_rx.recv_async()), Ok(i));
+    }
+    let executor = (process_cpu() - c0) - (thread_cpu() - m0);
+    drop(to_tx);
+    ex.join().unwrap();
+    executor / n as u32
+}
+
 /// What an idle two-shard store costs (share of one core over `secs`), then the
 /// store's CPU per put (and the caller's inside `put`) at fixed low rates from one
-/// outside thread, one at a time.
+/// outside thread, one at a time, next to a bare executor's at the same rate.
 fn cpu_at_low_load(secs: u64, rates: &[u64]) {
     let dir = tempfile::tempdir_in(".").unwrap();
     let mut cfg = ShardedConfig::new(dir.path());
@@ -127,6 +161,14 @@ fn cpu_at_low_load(secs: u64, rates: &[u64]) {
     );
     let body = bytes::Bytes::from(vec![7u8; 1024]);
     for &rate in rates {
+        for (what, cpu) in [("pinned to CPU 0", Some(0)), ("unpinned", None)] {
+            let per = bare_glommio_paced(rate, secs, cpu);
+            println!(
+                "{:<56} {:>6.1} us CPU per request",
+                format!("bare executor ({what}) echoing at {rate}/s"),
+                per.as_secs_f64() * 1e6
+            );
+        }
         let n = rate * secs;
         let (c0, m0, t0) = (process_cpu(), thread_cpu(), Instant::now());
         let mut in_put = Duration::ZERO;
