@@ -23,11 +23,6 @@ fn wait_for_mask(tid: i64, want: &[usize], within: Duration) -> Vec<usize> {
     }
 }
 
-fn this_tid() -> i64 {
-    // SAFETY: gettid has no arguments and cannot fail.
-    i64::from(unsafe { libc::gettid() })
-}
-
 fn open(dir: &std::path::Path, unpin_when_idle: bool, cpus: Vec<usize>) -> ShardedStore {
     let mut cfg = ShardedConfig::new(dir);
     cfg.shards = 2;
@@ -39,16 +34,14 @@ fn open(dir: &std::path::Path, unpin_when_idle: bool, cpus: Vec<usize>) -> Shard
 
 #[test]
 fn an_idle_shard_lets_go_of_its_cpu_and_a_busy_one_takes_it_back() {
-    let allowed = mask_of("/proc/self/status");
-    if allowed.len() < 2 {
-        eprintln!("one CPU: nothing to unpin");
+    let Some(allowed) = cpus::two_or_more() else {
         return;
-    }
+    };
     let cpus = vec![allowed[1], allowed[0]];
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), true, cpus.clone());
     let h = store.handle();
-    let tid = block_on(h.run_on(0, |_| async { this_tid() })).unwrap();
+    let tid = i64::from(cpus::shard0_tid(&h));
 
     // The shards' CPUs, ascending: where an idle shard may go.
     let mut shards_cpus = cpus.clone();
@@ -89,7 +82,7 @@ fn an_idle_shard_lets_go_of_its_cpu_and_a_busy_one_takes_it_back() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), false, cpus.clone());
     let h = store.handle();
-    let tid = block_on(h.run_on(0, |_| async { this_tid() })).unwrap();
+    let tid = i64::from(cpus::shard0_tid(&h));
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(
         mask_of(&format!("/proc/self/task/{tid}/status")),

@@ -42,15 +42,10 @@ fn masks_of_a_running_shard(
     cfg.store = StoreConfig::small_for_tests(dir.path());
     let store = ShardedStore::open(cfg).unwrap();
     let h = store.handle();
-    let tid = shard_tid(&h);
+    let tid = cpus::shard0_tid(&h);
     let masks = masks_after_puts(&h, tid, "Workers");
     store.shutdown().unwrap();
     masks
-}
-
-/// The thread id of shard 0 of the store behind `h`.
-fn shard_tid(h: &Handle) -> i32 {
-    block_on(h.run_on(0, |_| async { unsafe { libc::gettid() } })).unwrap()
 }
 
 /// Puts to `topic` through `h` until shard 0 (thread `tid`) has io_uring workers;
@@ -78,11 +73,9 @@ fn masks_after_puts(h: &Handle, tid: i32, topic: &str) -> Vec<Vec<usize>> {
 
 #[test]
 fn a_shards_io_workers_run_on_the_cpus_without_a_shard() {
-    let allowed = cpus_allowed("/proc/self/status");
-    if allowed.len() < 2 {
-        eprintln!("one CPU only ({allowed:?}): no CPU without a shard to test with");
+    let Some(allowed) = cpus::two_or_more() else {
         return;
-    }
+    };
     let shard_cpu = allowed[0];
     let others: Vec<usize> = allowed[1..].to_vec();
 
@@ -137,11 +130,9 @@ fn refused<T>(opened: coremq::Result<T>, setting: &str) {
 #[test]
 fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
     use coremq::node::{Node, NodeConfig};
-    let allowed = cpus_allowed("/proc/self/status");
-    if allowed.len() < 2 {
-        eprintln!("one CPU only ({allowed:?}): nothing to choose between");
+    let Some(allowed) = cpus::two_or_more() else {
         return;
-    }
+    };
     // The shard on the last CPU (not the default's first), its workers on the first.
     let (shard_cpu, worker_cpu) = (*allowed.last().unwrap(), allowed[0]);
     let dir = tempfile::tempdir().unwrap();
@@ -156,7 +147,7 @@ fn a_nodes_cpus_and_io_worker_cpus_come_from_its_config() {
     let cfg = NodeConfig::from_file(&path).unwrap();
     let node = Node::start(cfg.clone()).unwrap();
     let h = node.handle();
-    let tid = shard_tid(&h);
+    let tid = cpus::shard0_tid(&h);
     // Idle for more than two of `idle_unpin`'s windows: pinned all the same.
     std::thread::sleep(Duration::from_millis(700));
     let shard = cpus_allowed(&format!("/proc/self/task/{tid}/status"));
