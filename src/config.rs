@@ -98,6 +98,16 @@ pub struct StoreConfig {
     /// memory whatever the number of keys (a flush briefly copies the dirty pages).
     /// The default (32 MiB) holds the default 20 MB slot table.
     pub index_max_dirty_bytes: usize,
+    /// A checkpoint round flushes the key index only once it has at least this many
+    /// changed 4 KiB pages (at most a quarter of the page set counts), or once
+    /// `index_flush_thorough_interval` has passed since its last flush (the idea of
+    /// RocketMQ's `flushConsumeQueueLeastPages` and `...ThoroughInterval`). A flush
+    /// writes the changed slot pages, which keys scatter over the whole table: at light
+    /// load each second's few keys cost hundreds of small writes. 0: every round.
+    pub index_flush_least_pages: usize,
+    /// Longest time between two flushes of a key index that changed; bounds what is
+    /// re-indexed after a crash at light load.
+    pub index_flush_thorough_interval: Duration,
     /// Results of a key query when the caller does not say (RocketMQ: 32); for
     /// front ends (the store's own calls always pass `max`).
     pub query_default_max: usize,
@@ -544,6 +554,8 @@ impl StoreConfig {
             index_hash_slots: crate::format::index_file::DEFAULT_SLOTS,
             index_max_entries: crate::format::index_file::DEFAULT_ENTRIES,
             index_max_dirty_bytes: 32 << 20,
+            index_flush_least_pages: 2048,
+            index_flush_thorough_interval: Duration::from_secs(10),
             query_default_max: 32,
             query_max: 64,
             disk: crate::io::Disk::Real,

@@ -999,3 +999,81 @@ fn last_page_padding_left_by_an_interrupted_flush_is_cut_at_open() {
         store.shutdown().await.unwrap();
     });
 }
+
+/// A checkpoint round flushes the key index only once enough of its pages changed
+/// (`index_flush_least_pages`) or its thorough interval passed; `Store::checkpoint`
+/// flushes it whatever it holds. Keys spread over a new file's slot table are written
+/// in a few runs, not a write per page (the new file's slot pages are all in the page
+/// set, so a run takes the clean pages between dirty ones).
+#[test]
+fn index_flushes_when_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    run(move || async move {
+        let mut cfg = StoreConfig::small_for_tests(&root);
+        cfg.index_hash_slots = 64 * 1024; // 256 KiB of slots: 64 pages
+        cfg.index_max_entries = 100_000;
+        cfg.index_max_dirty_bytes = 1 << 20; // 256 pages: the slot table stays
+        cfg.index_flush_least_pages = 48;
+        cfg.index_flush_thorough_interval = Duration::from_secs(3600);
+        cfg.consume_queue_flush_interval = Duration::from_millis(20);
+        let put = |store: Store, from: u64, n: u64| async move {
+            for i in from..from + n {
+                let r = store.put(keyed("Due", 0, i, &spread_key(i))).await;
+                assert!(r.status.is_stored(), "{:?}", r.status);
+            }
+            store.wait_dispatched().await;
+        };
+        let store = Store::open(cfg.clone()).await.unwrap();
+        // 40 keys change fewer than 48 pages: ~15 rounds leave the index alone.
+        put(store.clone(), 0, 40).await;
+        glommio::timer::sleep(Duration::from_millis(300)).await;
+        assert_eq!(store.stats().index_flushes, 0, "{:?}", store.stats());
+        store.checkpoint().await.unwrap();
+        let s = store.stats();
+        assert_eq!(s.index_flushes, 1, "{s:?}");
+        // Page 0, the slot runs, the page where the slots end: a handful, where a
+        // write per changed page would be ~30.
+        assert!(s.index_flush_writes <= 8, "{s:?}");
+        // Enough keys to change every slot page: a round flushes without being asked.
+        put(store.clone(), 40, 1000).await;
+        let t0 = std::time::Instant::now();
+        while store.stats().index_flushes < 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                store.stats()
+            );
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+        }
+        store.shutdown().await.unwrap();
+
+        // Few changes but a short thorough interval: flushed by the rounds too.
+        cfg.index_flush_thorough_interval = Duration::from_millis(200);
+        let store = Store::open(cfg.clone()).await.unwrap();
+        assert_eq!(store.stats().index_flushes, 0);
+        put(store.clone(), 1040, 1).await;
+        let t0 = std::time::Instant::now();
+        while store.stats().index_flushes < 1 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                store.stats()
+            );
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+        }
+        let hits = store
+            .query_by_key("Due", &spread_key(1040), 10, ALL.0, ALL.1)
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 1);
+        store.shutdown().await.unwrap();
+    });
+}
+
+/// A key whose every character varies with `i`: RocketMQ's key hash (Java's
+/// `String.hashCode`) puts keys that differ only in their last characters, such as
+/// `k1`, `k2`, in neighbouring slots.
+fn spread_key(i: u64) -> String {
+    format!("{:016x}", (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}

@@ -66,6 +66,26 @@ impl IndexService {
         self.flush_locked().await
     }
 
+    /// [`IndexService::flush`] when due: at least the configured least pages
+    /// changed (at most a quarter of the page set), or the thorough interval passed
+    /// since the last flush (see the module docs for why).
+    pub async fn flush_when_due(&self) -> Result<()> {
+        if !self.flush_due(self.pages.borrow().dirty.len()) {
+            return Ok(());
+        }
+        self.flush().await
+    }
+
+    /// Flushes that wrote something, and the writes they made.
+    pub fn flush_counts(&self) -> (u64, u64) {
+        (self.flushes.get(), self.flush_writes.get())
+    }
+
+    fn flush_due(&self, dirty_pages: usize) -> bool {
+        let least = self.flush_least_pages.min(self.cap_pages / 4);
+        dirty_pages >= least || self.last_flush.get().elapsed() >= self.flush_thorough_interval
+    }
+
     /// [`IndexService::flush`] with the flush lock held.
     pub(super) async fn flush_locked(&self) -> Result<()> {
         let Some(f) = self.current() else {
@@ -74,6 +94,7 @@ impl IndexService {
         let h = f.header.get();
         let boundary = self.boundary_page();
         let Some((spans, taken)) = self.begin_snapshot(h, boundary) else {
+            self.last_flush.set(std::time::Instant::now());
             return Ok(());
         };
         // Should this future be dropped between runs, no page may keep a mark into
@@ -102,6 +123,9 @@ impl IndexService {
         runs[0].1.as_bytes_mut()[..index_file::HEADER_LEN].copy_from_slice(&h.encode());
         let runs: Vec<(u64, Rc<DmaBuffer>)> =
             runs.into_iter().map(|(p, b)| (p, Rc::new(b))).collect();
+        self.flushes.set(self.flushes.get() + 1);
+        self.flush_writes
+            .set(self.flush_writes.get() + runs.len() as u64);
         let r = self.write_snapshot(&f, &runs, boundary).await;
         self.keep_run_bufs(runs);
         if r.is_err() {
@@ -117,6 +141,7 @@ impl IndexService {
         if self.is_current(&f) {
             self.durable.set(h);
         }
+        self.last_flush.set(std::time::Instant::now());
         Ok(())
     }
 

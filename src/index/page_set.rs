@@ -5,10 +5,16 @@
 //!
 //! * **The slot table stays.** At open the current file's whole slot table is loaded
 //!   when it fits in 3/4 of the set (the default 20 MB table does in the default 32
-//!   MiB), read with 1 MiB reads, four in flight; a new file's slot pages come in as
-//!   inserts touch them (known zeros, not read). Making room drops slot pages last, so
-//!   every slot an insert or a query needs is in memory and a miss on an empty slot
-//!   does no I/O.
+//!   MiB), read with 1 MiB reads, four in flight; a new file's whole slot table is put
+//!   in as zeros (known zeros, not read) when the file is created, each page touched
+//!   there. Making room drops slot pages last, so every slot an insert or a query needs
+//!   is in memory and a miss on an empty slot does no I/O.
+//! * **Why a new file's table goes in at once**: left to come in as keys first touched
+//!   them, each new page cost the dispatcher an allocation and a page fault (a glibc arena
+//!   `mprotect` and a fault per 4 KiB) for the first ~20 s of a new store at 1,000 puts a
+//!   second, and a flush could not join dirty pages across absent ones: 21 writes instead
+//!   of 3 for 40 keys over a 64-page table (`tests/index.rs`), ~160 a second per shard at
+//!   1,000 puts a second.
 //! * **A flat table, not a hash map**: a lookup is an index. The hash map it replaced
 //!   was looked up four times per key (see the index's module docs for the cost).
 //! * **Making room** ([`IndexService::make_room`]) drops the clean entry pages first
@@ -223,9 +229,8 @@ impl IndexService {
     /// fits in three quarters of the set (it then stays, see the module docs).
     pub(super) async fn load_slot_table(&self, f: &Rc<IndexFile>) -> Result<()> {
         self.pages.borrow_mut().reset(self.file_pages());
-        let slot_pages = self.slot_pages();
-        let upto = if (slot_pages as usize) + 4 <= self.cap_pages - self.cap_pages / 4 {
-            slot_pages
+        let upto = if self.slot_table_stays() {
+            self.slot_pages()
         } else {
             1
         };
@@ -260,6 +265,38 @@ impl IndexService {
         pages.reset(self.file_pages());
         pages.insert(0, Page::zeroed());
         pages.write(0, &[0u8; 4]);
+    }
+
+    /// Whether the whole slot table stays in the page set (it fits in three quarters).
+    fn slot_table_stays(&self) -> bool {
+        (self.slot_pages() as usize) + 4 <= self.cap_pages - self.cap_pages / 4
+    }
+
+    /// Puts a new file's slot table (zeros) in the page set when it stays there, as
+    /// [`IndexService::load_slot_table`] does for a file opened from disk, touching
+    /// each page so that its page fault is taken here, with a yield every 256 pages,
+    /// rather than in the dispatcher by the key that first lands on it (see the module
+    /// docs).
+    pub(super) async fn fill_slot_table(&self, f: &Rc<IndexFile>) {
+        if !self.slot_table_stays() {
+            return;
+        }
+        for p in 1..self.slot_pages() {
+            if p % 256 == 0 {
+                futures_lite::future::yield_now().await;
+                if !self.is_current(f) {
+                    return;
+                }
+            }
+            let mut pages = self.pages.borrow_mut();
+            if !pages.has(p) {
+                let mut page = Page::zeroed();
+                // The allocator hands out zeroed memory it has not touched yet.
+                // SAFETY: a write of a byte the page owns.
+                unsafe { std::ptr::write_volatile(&mut page.data[0], 0) };
+                pages.insert(p, page);
+            }
+        }
     }
 
     /// Loads the pages `need` of the current file `f` into the page set, making room

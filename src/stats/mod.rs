@@ -218,6 +218,10 @@ pub struct StoreStats {
     /// Spare segments zero-filled and ready, and still to be zero-filled.
     pub spare_segments_ready: u64,
     pub spare_segments_pending: u64,
+    /// Key-index flushes that wrote something, and the writes they made (a write is
+    /// a run of adjacent pages: `StoreConfig::index_flush_least_pages`).
+    pub index_flushes: u64,
+    pub index_flush_writes: u64,
     /// Sync-flush rounds the shard wrote itself instead of its group-commit thread
     /// (`StoreConfig::sync_flush_lead_when_idle`).
     pub sync_rounds_led: u64,
@@ -261,6 +265,8 @@ impl StoreStats {
             t.spare_segments_ready += s.spare_segments_ready;
             t.spare_segments_pending += s.spare_segments_pending;
             t.sync_rounds_led += s.sync_rounds_led;
+            t.index_flushes += s.index_flushes;
+            t.index_flush_writes += s.index_flush_writes;
             t.stalls += s.stalls;
             t.self_checks += s.self_checks;
             t.self_check_problems += s.self_check_problems;

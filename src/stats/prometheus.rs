@@ -10,7 +10,7 @@ use std::fmt::Write;
 /// shard order) to `out`.
 pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
     type Pick = fn(&StoreStats) -> u64;
-    let counters: [(&str, &str, Pick); 13] = [
+    let counters: [(&str, &str, Pick); 15] = [
         ("coremq_store_put_calls_total", "Store put calls.", |s| {
             s.put_calls
         }),
@@ -66,6 +66,16 @@ pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
             "coremq_store_segments_reused_total",
             "Commit-log segments taken from the spares (recycled).",
             |s| s.segments_reused,
+        ),
+        (
+            "coremq_store_index_flushes_total",
+            "Key-index flushes that wrote something.",
+            |s| s.index_flushes,
+        ),
+        (
+            "coremq_store_index_flush_writes_total",
+            "Writes the key-index flushes made (runs of adjacent pages).",
+            |s| s.index_flush_writes,
         ),
         (
             "coremq_store_sync_rounds_led_total",

@@ -24,6 +24,15 @@ use crate::format::manifest::QueueManifest;
 use crate::io;
 use std::rc::Rc;
 
+/// Whether a round flushes the key index whatever it holds, or only when it is due
+/// (`StoreConfig::index_flush_least_pages`): the checkpoint claims nothing about the
+/// index, which resumes from its own durable point after a crash.
+#[derive(Clone, Copy)]
+pub(super) enum IndexFlush {
+    Now,
+    WhenDue,
+}
+
 impl Store {
     /// Flushes the consume queues and key index and writes the checkpoint now, instead
     /// of waiting for `consume_queue_flush_interval` (less to re-dispatch after a
@@ -32,7 +41,7 @@ impl Store {
         if self.inner.state.get() != State::Running {
             return Err(Error::ShutDown);
         }
-        let r = self.inner.checkpoint_round().await;
+        let r = self.inner.checkpoint_round(IndexFlush::Now).await;
         if let Err(e) = &r
             && !matches!(e, Error::Failed(_))
         {
@@ -56,7 +65,7 @@ impl Inner {
             if self.state.get() != State::Running {
                 return;
             }
-            if let Err(e) = self.checkpoint_round().await {
+            if let Err(e) = self.checkpoint_round(IndexFlush::WhenDue).await {
                 tracing::error!(error = %e, "consume-queue flush failed; the shard stops taking writes");
                 *self.failed.borrow_mut() = Some(e.to_string());
                 return;
@@ -72,7 +81,7 @@ impl Inner {
     }
 
     /// One round while the store runs.
-    async fn checkpoint_round(&self) -> Result<()> {
+    async fn checkpoint_round(&self, index: IndexFlush) -> Result<()> {
         let _round = self.round_permit().await?;
         if let Some(f) = self.failed.borrow().clone() {
             return Err(Error::Failed(f));
@@ -80,24 +89,29 @@ impl Inner {
         let dispatch_safe = self.dispatched.get();
         let log_flushed = self.log.flushed.get();
         let manifest = self.queues.manifest(dispatch_safe);
-        self.flush_structures(log_flushed, manifest).await
+        self.flush_structures(log_flushed, manifest, index).await
     }
 
     /// The round of a clean shutdown, once the tasks are gone: everything written up
     /// to `end` is flushed and dispatched.
     pub(super) async fn last_checkpoint_round(&self, end: u64) -> Result<()> {
         let _round = self.round_permit().await?;
-        self.flush_structures(end, self.queues.manifest(end)).await
+        let manifest = self.queues.manifest(end);
+        self.flush_structures(end, manifest, IndexFlush::Now).await
     }
 
     pub(super) async fn flush_structures(
         &self,
         log_flushed: u64,
         manifest: QueueManifest,
+        index: IndexFlush,
     ) -> Result<()> {
         self.queues.flush().await?;
         if let Some(ix) = &self.index {
-            ix.flush().await?;
+            match index {
+                IndexFlush::Now => ix.flush().await?,
+                IndexFlush::WhenDue => ix.flush_when_due().await?,
+            }
         }
         self.write_checkpoint(log_flushed, manifest).await
     }

@@ -20,6 +20,7 @@
 //! the queues from the log never brings the topic's records back, and key queries
 //! skip them.
 
+use super::checkpoint::IndexFlush;
 use super::{Inner, State, Store};
 use crate::clean::{self, CleanStats, Cleaner, PassReport};
 use crate::commit_log::CommitLog;
@@ -140,7 +141,9 @@ impl Store {
         }
         let (dispatch_safe, flushed) = (inner.dispatched.get(), inner.log.flushed.get());
         let manifest = inner.queues.manifest(dispatch_safe);
-        inner.flush_structures(flushed, manifest).await?;
+        inner
+            .flush_structures(flushed, manifest, IndexFlush::WhenDue)
+            .await?;
         tracing::info!(topic, queues = removed.len(), below, "topic deleted");
         Ok(removed.len())
     }

@@ -28,6 +28,9 @@ impl Store {
         s.spare_segments_ready = ready as u64;
         s.spare_segments_pending = pending as u64;
         s.sync_rounds_led = inner.log.sync_rounds_led();
+        if let Some(ix) = &inner.index {
+            (s.index_flushes, s.index_flush_writes) = ix.flush_counts();
+        }
         // Counted on this thread: the shard's executor when the store runs sharded.
         s.stalls = crate::shard::stall::stalls_here();
         s.last_stall = crate::shard::stall::last_stall_here();
