@@ -281,6 +281,7 @@ impl IndexService {
         if !self.slot_table_stays() {
             return;
         }
+        let started = std::time::Instant::now();
         for p in 1..self.slot_pages() {
             if p % 256 == 0 {
                 futures_lite::future::yield_now().await;
@@ -297,6 +298,12 @@ impl IndexService {
                 pages.insert(p, page);
             }
         }
+        tracing::debug!(
+            file = %f.name,
+            pages = self.slot_pages(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "key index: new file's slot table in memory"
+        );
     }
 
     /// Loads the pages `need` of the current file `f` into the page set, making room
