@@ -99,7 +99,7 @@ pub struct StoreConfig {
     /// The default (32 MiB) holds the default 20 MB slot table.
     pub index_max_dirty_bytes: usize,
     /// A checkpoint round flushes the key index only once it has at least this many
-    /// changed 4 KiB pages (at most a quarter of the page set counts), or once
+    /// changed 4 KiB pages (capped at a quarter of the page set), or once
     /// `index_flush_thorough_interval` has passed since its last flush (the idea of
     /// RocketMQ's `flushConsumeQueueLeastPages` and `...ThoroughInterval`). A flush
     /// writes the changed slot pages, which keys scatter over the whole table: at light

@@ -218,8 +218,8 @@ pub struct StoreStats {
     /// Spare segments zero-filled and ready, and still to be zero-filled.
     pub spare_segments_ready: u64,
     pub spare_segments_pending: u64,
-    /// Key-index flushes that wrote something, and the writes they made (a write is
-    /// a run of adjacent pages: `StoreConfig::index_flush_least_pages`).
+    /// Key-index flushes that wrote something, and the writes they made (each a run
+    /// of adjacent pages; when rounds flush: `StoreConfig::index_flush_least_pages`).
     pub index_flushes: u64,
     pub index_flush_writes: u64,
     /// Sync-flush rounds the shard wrote itself instead of its group-commit thread
