@@ -1632,6 +1632,18 @@ fn wake_up_settings_reach_the_store_and_are_bounded() {
     }
 }
 
+/// `message_index_enable` (RocketMQ `messageIndexEnable`) in the TOML reaches the
+/// store the node opens; absent, the key index is on.
+#[test]
+fn message_index_enable_reaches_the_store() {
+    assert!(NodeConfig::default().sharded_config().store.index_enable);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "message_index_enable = false\n").unwrap();
+    let cfg = NodeConfig::from_file(file.path()).unwrap();
+    cfg.validate().unwrap();
+    assert!(!cfg.sharded_config().store.index_enable);
+}
+
 /// The load generator's lean remote client (`coremq bench --target`): single sends in
 /// both header formats (8 in flight, and one at a time on one thread) and batched
 /// sends are all acknowledged and read back through pull, and its loopback echo floor

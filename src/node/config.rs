@@ -84,6 +84,9 @@ pub struct NodeConfig {
     pub io_worker_cpus: Option<Vec<usize>>,
     /// "async" (RocketMQ's ASYNC_FLUSH, the default) or "sync".
     pub flush: String,
+    /// Build the key index that query-by-key answers from (RocketMQ
+    /// `messageIndexEnable`, on): `StoreConfig::index_enable`.
+    pub message_index_enable: bool,
     /// Queues given to a topic created on first use (RocketMQ `defaultTopicQueueNums`).
     pub default_queue_nums: i32,
     /// Create topics on first send or route lookup (RocketMQ `autoCreateTopicEnable`).
@@ -223,6 +226,7 @@ impl Default for NodeConfig {
             cpus: None,
             io_worker_cpus: None,
             flush: "async".into(),
+            message_index_enable: true,
             default_queue_nums: 4,
             auto_create_topic: true,
             max_frame_bytes: 16 << 20,
@@ -413,6 +417,7 @@ impl NodeConfig {
             s.timer_spin = Duration::from_micros(us);
         }
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
+        s.store.index_enable = self.message_index_enable;
         s.store.ha = self.ha_config();
         s.store.commit_log_segment_bytes = self.segment_bytes;
         s.store.commit_log_spare_segments = self.spare_segments;
