@@ -1024,6 +1024,18 @@ fn index_flushes_when_due() {
             }
             store.wait_dispatched().await;
         };
+        // Waits (at most 10 s) until the rounds have flushed the index `n` times.
+        let flushed = |store: Store, n: u64| async move {
+            let t0 = std::time::Instant::now();
+            while store.stats().index_flushes < n {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "{:?}",
+                    store.stats()
+                );
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+            }
+        };
         let store = Store::open(cfg.clone()).await.unwrap();
         // 40 keys change fewer than 48 pages: ~15 rounds leave the index alone.
         put(store.clone(), 0, 40).await;
@@ -1037,15 +1049,7 @@ fn index_flushes_when_due() {
         assert!(s.index_flush_writes <= 8, "{s:?}");
         // Enough keys to change every slot page: a round flushes without being asked.
         put(store.clone(), 40, 1000).await;
-        let t0 = std::time::Instant::now();
-        while store.stats().index_flushes < 2 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "{:?}",
-                store.stats()
-            );
-            glommio::timer::sleep(Duration::from_millis(20)).await;
-        }
+        flushed(store.clone(), 2).await;
         store.shutdown().await.unwrap();
 
         // Few changes but a short thorough interval: flushed by the rounds too.
@@ -1053,15 +1057,7 @@ fn index_flushes_when_due() {
         let store = Store::open(cfg.clone()).await.unwrap();
         assert_eq!(store.stats().index_flushes, 0);
         put(store.clone(), 1040, 1).await;
-        let t0 = std::time::Instant::now();
-        while store.stats().index_flushes < 1 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "{:?}",
-                store.stats()
-            );
-            glommio::timer::sleep(Duration::from_millis(20)).await;
-        }
+        flushed(store.clone(), 1).await;
         let hits = store
             .query_by_key("Due", &spread_key(1040), 10, ALL.0, ALL.1)
             .await
