@@ -12,8 +12,8 @@
 //! * **Why a new file's table goes in at once** (~20 ms per shard for the default 4,883
 //!   pages, in pieces): left to come in as keys first touched
 //!   them, each new page cost the dispatcher an allocation and a page fault (a glibc arena
-//!   `mprotect` and a fault per 4 KiB) for the first ~20 s of a new store at 1,000 puts a
-//!   second, and a flush could not join dirty pages across absent ones: 21 writes instead
+//!   `mprotect` and a fault per 4 KiB) until most pages had been touched (at 500 keys a
+//!   second per shard, by arithmetic ~90% of 4,883 pages after 20 s), and a flush could not join dirty pages across absent ones: 21 writes instead
 //!   of 3 for 40 keys over a 64-page table (`tests/index.rs`), ~160 a second per shard at
 //!   1,000 puts a second.
 //! * **A flat table, not a hash map**: a lookup is an index. The hash map it replaced
