@@ -691,13 +691,14 @@ impl StoreConfig {
         }
         if self.index_hash_slots == 0 || self.index_hash_slots > i32::MAX as u32 / 4 {
             return bad(format!(
-                "index_hash_slots {} must be within 1..=536870911",
+                "index_hash_slots (a node's max_hash_slot_num) {} must be within 1..=536870911",
                 self.index_hash_slots
             ));
         }
         if self.index_max_entries < 2 || self.index_max_entries > i32::MAX as u32 {
             return bad(format!(
-                "index_max_entries {} must be within 2..=2147483647 (entry 0 is never used)",
+                "index_max_entries (a node's max_index_num) {} must be within 2..=2147483647 \
+                 (entry 0 is never used)",
                 self.index_max_entries
             ));
         }

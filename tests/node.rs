@@ -1632,16 +1632,85 @@ fn wake_up_settings_reach_the_store_and_are_bounded() {
     }
 }
 
-/// `message_index_enable` (RocketMQ `messageIndexEnable`) in the TOML reaches the
-/// store the node opens; absent, the key index is on.
+/// The key index's settings in the TOML reach the store the node opens:
+/// `message_index_enable` (RocketMQ `messageIndexEnable`), the files' geometry
+/// (`max_hash_slot_num`, `max_index_num`: RocketMQ `maxHashSlotNum`, `maxIndexNum`), its
+/// page memory and its flush pacing. A node started from such a file makes index files of
+/// that size and finds a key through them; reopened with another geometry it is refused
+/// (its files would be misread), and a bad value is refused by `validate` by its name.
 #[test]
-fn message_index_enable_reaches_the_store() {
+fn index_settings_reach_the_store() {
     assert!(NodeConfig::default().sharded_config().store.index_enable);
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), "message_index_enable = false\n").unwrap();
     let cfg = NodeConfig::from_file(file.path()).unwrap();
     cfg.validate().unwrap();
     assert!(!cfg.sharded_config().store.index_enable);
+
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\nnamesrv_enable = false\n\
+         metrics_enable = false\nshards = 1\npin = false\nmax_hash_slot_num = 64\n\
+         max_index_num = 256\nindex_max_dirty_bytes = 65536\nindex_cache_bytes = 0\n\
+         index_flush_least_pages = 1\nindex_flush_thorough_interval_ms = 100\n",
+        dir.path()
+    );
+    std::fs::write(file.path(), toml).unwrap();
+    let cfg = NodeConfig::from_file(file.path()).unwrap();
+    let s = cfg.sharded_config().store;
+    assert_eq!(
+        (s.index_hash_slots, s.index_max_entries),
+        (64, 256),
+        "geometry"
+    );
+    assert_eq!(
+        (
+            s.index_max_dirty_bytes,
+            s.index_cache_bytes,
+            s.index_flush_least_pages
+        ),
+        (65536, 0, 1)
+    );
+    assert_eq!(s.index_flush_thorough_interval, Duration::from_millis(100));
+
+    let node = Node::start(cfg.clone()).unwrap();
+    let mut c = Client::connect(node.broker_addr);
+    send(&mut c, "Keyed", 0, "kept", "", "wanted");
+    futures_lite::future::block_on(node.handle().wait_dispatched()).unwrap();
+    let r = c.call(
+        QUERY_MESSAGE,
+        &[("topic", "Keyed"), ("key", "wanted"), ("maxNum", "32")],
+        b"",
+    );
+    assert_eq!(r.code, SUCCESS, "{:?}", r.remark);
+    assert_eq!(bodies(&r), ["kept"]);
+    drop(c);
+    node.shutdown().unwrap();
+    // RocketMQ's IndexFile: a 40-byte header, 4 bytes a slot, 20 an entry.
+    let sizes: Vec<u64> = std::fs::read_dir(dir.path().join("shard-0/index"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().len() == 17)
+        .map(|e| e.metadata().unwrap().len())
+        .collect();
+    assert!(!sizes.is_empty(), "no index file");
+    assert!(
+        sizes.iter().all(|&n| n == 40 + 64 * 4 + 256 * 20),
+        "{sizes:?}"
+    );
+
+    let other = NodeConfig {
+        max_hash_slot_num: 128,
+        ..cfg.clone()
+    };
+    let e = Node::start(other).err().expect("refused").to_string();
+    assert!(e.contains("max_hash_slot_num"), "{e}");
+    let bad = NodeConfig {
+        max_index_num: 1,
+        ..cfg
+    };
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(e.contains("max_index_num"), "{e}");
 }
 
 /// The load generator's lean remote client (`coremq bench --target`): single sends in

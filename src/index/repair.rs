@@ -78,7 +78,8 @@ pub(super) async fn open_files(
                 path,
                 why: format!(
                     "index file is {size} bytes; this store uses {} (set index_hash_slots and \
-                     index_max_entries to the values the store was created with)",
+                     index_max_entries, a node's max_hash_slot_num and max_index_num, to the \
+                     values the store was created with)",
                     geo.file_len()
                 ),
             });

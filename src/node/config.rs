@@ -4,7 +4,7 @@
 //! at the repository root for a documented example. Unknown keys are refused, so a
 //! typo cannot pass silently; [`NodeConfig::validate`] runs before anything is bound.
 
-use crate::config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, ScheduleConfig};
+use crate::config::{EmptySlaveStart, FlushMode, HaConfig, HaRole, ScheduleConfig, StoreConfig};
 use crate::error::{Error, Result};
 use crate::shard::ShardedConfig;
 use serde::Deserialize;
@@ -87,6 +87,26 @@ pub struct NodeConfig {
     /// Build the key index that query-by-key answers from (RocketMQ
     /// `messageIndexEnable`, on): `StoreConfig::index_enable`.
     pub message_index_enable: bool,
+    /// Hash slots per key-index file (RocketMQ `maxHashSlotNum`, 5,000,000):
+    /// `StoreConfig::index_hash_slots`. With `max_index_num`, the index files' size: fixed
+    /// once a store has index files (a store whose files have another size is refused
+    /// at open, `BadLayout`).
+    pub max_hash_slot_num: u32,
+    /// Entries per key-index file (RocketMQ `maxIndexNum`, 20,000,000):
+    /// `StoreConfig::index_max_entries`.
+    pub max_index_num: u32,
+    /// Memory per shard for the key index's pages being changed (the current file's
+    /// slot table and newest entries): `StoreConfig::index_max_dirty_bytes`.
+    pub index_max_dirty_bytes: usize,
+    /// Memory per shard for clean key-index pages kept for queries:
+    /// `StoreConfig::index_cache_bytes`; 0: none.
+    pub index_cache_bytes: usize,
+    /// A checkpoint round flushes the key index once this many of its pages changed...
+    /// (`StoreConfig::index_flush_least_pages`; 0: every round).
+    pub index_flush_least_pages: usize,
+    /// ... or once this long passed since its last flush
+    /// (`StoreConfig::index_flush_thorough_interval`).
+    pub index_flush_thorough_interval_ms: u64,
     /// Queues given to a topic created on first use (RocketMQ `defaultTopicQueueNums`).
     pub default_queue_nums: i32,
     /// Create topics on first send or route lookup (RocketMQ `autoCreateTopicEnable`).
@@ -204,6 +224,7 @@ pub struct NodeConfig {
 
 impl Default for NodeConfig {
     fn default() -> Self {
+        let store = StoreConfig::new(PathBuf::new());
         NodeConfig {
             network: Network::Shards,
             data_dir: PathBuf::from("./coremq-data"),
@@ -227,6 +248,13 @@ impl Default for NodeConfig {
             io_worker_cpus: None,
             flush: "async".into(),
             message_index_enable: true,
+            max_hash_slot_num: store.index_hash_slots,
+            max_index_num: store.index_max_entries,
+            index_max_dirty_bytes: store.index_max_dirty_bytes,
+            index_cache_bytes: store.index_cache_bytes,
+            index_flush_least_pages: store.index_flush_least_pages,
+            index_flush_thorough_interval_ms: store.index_flush_thorough_interval.as_millis()
+                as u64,
             default_queue_nums: 4,
             auto_create_topic: true,
             max_frame_bytes: 16 << 20,
@@ -332,6 +360,10 @@ impl NodeConfig {
             ("client_expiry_ms", self.client_expiry_ms),
             ("register_interval_ms", self.register_interval_ms),
             ("clean_interval_ms", self.clean_interval_ms),
+            (
+                "index_flush_thorough_interval_ms",
+                self.index_flush_thorough_interval_ms,
+            ),
             ("transaction_timeout_ms", self.transaction_timeout_ms),
             (
                 "transaction_check_interval_ms",
@@ -364,9 +396,9 @@ impl NodeConfig {
                 self.ha_empty_slave_start
             ));
         }
-        let store = self.sharded_config().store;
-        store.schedule.validate()?;
-        store.ha.validate()
+        // Everything the store checks at open (index sizes, retention, delays, HA),
+        // refused here before anything is bound.
+        self.sharded_config().store.validate()
     }
 
     /// The replication role `role` names.
@@ -418,6 +450,13 @@ impl NodeConfig {
         }
         s.store.flush_mode = self.flush_mode().unwrap_or(FlushMode::Async);
         s.store.index_enable = self.message_index_enable;
+        s.store.index_hash_slots = self.max_hash_slot_num;
+        s.store.index_max_entries = self.max_index_num;
+        s.store.index_max_dirty_bytes = self.index_max_dirty_bytes;
+        s.store.index_cache_bytes = self.index_cache_bytes;
+        s.store.index_flush_least_pages = self.index_flush_least_pages;
+        s.store.index_flush_thorough_interval =
+            Duration::from_millis(self.index_flush_thorough_interval_ms);
         s.store.ha = self.ha_config();
         s.store.commit_log_segment_bytes = self.segment_bytes;
         s.store.commit_log_spare_segments = self.spare_segments;
