@@ -105,10 +105,32 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Sends `rate` requests a second for `secs` to an echo over flume channels, each
+/// awaited before the next; returns the CPU per request of the threads other than
+/// this one (the process's CPU less this thread's).
+fn paced_echo(
+    rate: u64,
+    secs: u64,
+    to_tx: &flume::Sender<u64>,
+    back_rx: &flume::Receiver<u64>,
+) -> Duration {
+    std::thread::sleep(Duration::from_millis(200));
+    let n = rate * secs;
+    let (c0, m0, t0) = (process_cpu(), thread_cpu(), Instant::now());
+    for i in 0..n {
+        let due = t0 + Duration::from_nanos(i * 1_000_000_000 / rate);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        to_tx.send(i).unwrap();
+        assert_eq!(block_on(back_rx.recv_async()), Ok(i));
+    }
+    ((process_cpu() - c0) - (thread_cpu() - m0)) / n as u32
+}
+
 /// The floor under a put through the handle at a low rate: a bare glommio executor
 /// (pinned to `cpu`, or unpinned) echoing one value per request through flume
-/// channels, paced at `rate` from this thread; returns the executor's CPU per request
-/// (the process's CPU less this thread's).
+/// channels, paced at `rate` from this thread; returns the executor's CPU per request.
 fn bare_glommio_paced(rate: u64, secs: u64, cpu: Option<usize>) -> Duration {
     let (to_tx, to_rx) = flume::bounded::<u64>(1);
     let (back_tx, back_rx) = flume::bounded::<u64>(1);
@@ -122,21 +144,28 @@ fn bare_glommio_paced(rate: u64, secs: u64, cpu: Option<usize>) -> Duration {
             }
         })
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let n = rate * secs;
-    let (c0, m0, t0) = (process_cpu(), thread_cpu(), Instant::now());
-    for i in 0..n {
-        let due = t0 + Duration::from_nanos(i * 1_000_000_000 / rate);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        to_tx.send(i).unwrap();
-        assert_eq!(block_on(back_rx.recv_async()), Ok(i));
-    }
-    let executor = (process_cpu() - c0) - (thread_cpu() - m0);
+    let per = paced_echo(rate, secs, &to_tx, &back_rx);
     drop(to_tx);
     ex.join().unwrap();
-    executor / n as u32
+    per
+}
+
+/// The same echo on a plain thread blocking in flume's `recv` (a futex): what waking
+/// a thread costs here without io_uring.
+fn bare_thread_paced(rate: u64, secs: u64) -> Duration {
+    let (to_tx, to_rx) = flume::bounded::<u64>(1);
+    let (back_tx, back_rx) = flume::bounded::<u64>(1);
+    let t = std::thread::spawn(move || {
+        while let Ok(v) = to_rx.recv() {
+            if back_tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let per = paced_echo(rate, secs, &to_tx, &back_rx);
+    drop(to_tx);
+    t.join().unwrap();
+    per
 }
 
 /// What an idle two-shard store costs (share of one core over `secs`), then the
@@ -161,6 +190,11 @@ fn cpu_at_low_load(secs: u64, rates: &[u64]) {
     );
     let body = bytes::Bytes::from(vec![7u8; 1024]);
     for &rate in rates {
+        println!(
+            "{:<56} {:>6.1} us CPU per request",
+            format!("bare thread (futex) echoing at {rate}/s"),
+            bare_thread_paced(rate, secs).as_secs_f64() * 1e6
+        );
         for (what, cpu) in [("pinned to CPU 0", Some(0)), ("unpinned", None)] {
             let per = bare_glommio_paced(rate, secs, cpu);
             println!(

@@ -209,5 +209,7 @@ bitflags::bitflags! {
     #[derive(Debug, Clone, Copy)]
     pub struct CompletionFlags: u32 {
         const BUFFER_SHIFT    = 1 << 0;
+        // coremq patch y: IORING_CQE_F_MORE, a multishot request stays armed.
+        const MORE            = 1 << 1;
     }
 }

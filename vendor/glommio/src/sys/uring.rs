@@ -904,6 +904,9 @@ struct SleepableRing {
     task_queue_stats: AHashMap<TaskQueueHandle, RingIoStats>,
     source_map: Rc<RefCell<SourceMap>>,
     in_kernel: usize,
+    /// coremq patch y: the eventfd is watched by a multishot poll (false once the
+    /// kernel refused one: the one-shot read of 0.9.0 then).
+    eventfd_multishot: bool,
 }
 
 impl SleepableRing {
@@ -924,6 +927,7 @@ impl SleepableRing {
             task_queue_stats: AHashMap::new(),
             source_map,
             in_kernel: 0,
+            eventfd_multishot: true,
         })
     }
 
@@ -1009,10 +1013,18 @@ impl SleepableRing {
         timer_source
     }
 
+    // coremq patch y: the eventfd is watched by a multishot `POLL_ADD` (Linux 5.13+),
+    // armed once: each write to it (a foreign wake, the throughput timer) posts a CQE
+    // flagged `MORE` and the poll stays armed, so a foreign wake no longer costs an
+    // `io_uring_enter` of this ring to re-arm a one-shot read of it. The counter is
+    // never read back; a write wakes the poll whatever the count (eventfd_write wakes
+    // its waiters on every write), and it cannot fill up (2^64 - 2 writes). A kernel
+    // that refuses the multishot poll gets 0.9.0's read, re-armed after each wake.
     fn install_eventfd(&mut self, eventfd_src: &Source) -> bool {
         if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
             // Now must wait on the `eventfd` in case someone wants to wake us up.
             // If we can't then we can't sleep and will just bail immediately
+            let multishot = self.eventfd_multishot;
             let op = UringDescriptor {
                 fd: eventfd_src.raw(),
                 flags: SubmissionFlags::empty(),
@@ -1021,7 +1033,11 @@ impl SleepableRing {
                         .borrow_mut()
                         .add_source(eventfd_src, self.submission_queue.clone()),
                 ),
-                args: UringOpDescriptor::Read(0, 8),
+                args: if multishot {
+                    UringOpDescriptor::PollAdd(common_flags() | read_flags())
+                } else {
+                    UringOpDescriptor::Read(0, 8)
+                },
             };
 
             let buffer_ptr = {
@@ -1042,6 +1058,10 @@ impl SleepableRing {
                 },
                 &mut self.source_map.borrow_mut(),
             );
+            if multishot {
+                // IORING_POLL_ADD_MULTI, in the SQE's `len` for a POLL_ADD.
+                unsafe { sqe.raw_mut().len = 1 };
+            }
 
             match &mut *eventfd_src.source_type_mut() {
                 SourceType::ForeignNotifier(_, installed) => {
@@ -1240,8 +1260,18 @@ impl UringCommon for SleepableRing {
 
     fn consume_one_event(&mut self) -> Option<bool> {
         let source_map = self.source_map.clone();
-        process_one_event(
-            self.ring.peek_for_cqe(),
+        let cqe = self.ring.peek_for_cqe();
+        // coremq patch y: a CQE of the eventfd's multishot poll that leaves it armed
+        // (the only multishot request these rings make): the source stays in the map
+        // and in the kernel, and there is no waiter to wake (as for 0.9.0's read).
+        if let Some(c) = &cqe {
+            if c.flags().contains(iou::cqe::CompletionFlags::MORE) {
+                return Some(false);
+            }
+        }
+        let mut refused = false;
+        let done = process_one_event(
+            cqe,
             |source| match source.source_type {
                 SourceType::LinkRings => Some(()),
                 _ => None,
@@ -1249,13 +1279,19 @@ impl UringCommon for SleepableRing {
             |mut src, res| {
                 record_stats(self, &mut src, &res);
                 if let SourceType::ForeignNotifier(_, installed) = &mut src.source_type {
+                    // coremq patch y: the multishot poll ended (or the read completed);
+                    // re-armed by the next `install_eventfd`. Refused: reads from now on.
+                    refused = matches!(&res, Err(e) if e.raw_os_error() == Some(libc::EINVAL));
                     *installed = false;
                 }
                 res
             },
             source_map,
-        )
-        .map(|x| {
+        );
+        if refused {
+            self.eventfd_multishot = false;
+        }
+        done.map(|x| {
             self.in_kernel -= 1;
             x
         })
