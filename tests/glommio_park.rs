@@ -634,3 +634,75 @@ fn a_parking_executor_keeps_its_sleep_timeout_armed() {
         );
     });
 }
+
+/// Patch y keeps what 0.9.0's eventfd read gave a busy executor: a wake from another
+/// thread of a task whose queue is `Latency::Matters` writes the eventfd even while the
+/// executor is awake, the completion lands in the latency ring, and the running queue is
+/// preempted at its next `need_preempt` check. Queue A's task spins (yielding only when
+/// asked) with a preempt timer of 60 s that never fires here; queue B's task waits for a
+/// value another thread sends 20 ms later, and must run long before A gives up (3 s).
+/// With B's queue `Latency::NotImportant` (no forced write) A gives up first (checked).
+#[test]
+fn a_forced_foreign_wake_preempts_a_busy_task_queue() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    const GIVE_UP: Duration = Duration::from_secs(3);
+    watched("forced-wake", |progress| {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .preempt_timer(Duration::from_secs(60))
+            .make()
+            .expect("make executor");
+        let waited = ex.run(async move {
+            let ex = glommio::executor();
+            let a = ex.create_task_queue(
+                glommio::Shares::Static(1000),
+                glommio::Latency::NotImportant,
+                "a",
+            );
+            let b = ex.create_task_queue(
+                glommio::Shares::Static(1000),
+                glommio::Latency::Matters(Duration::from_millis(1)),
+                "b",
+            );
+            let (tx, rx) = flume::bounded::<Instant>(1);
+            let b_ran = Rc::new(Cell::new(false));
+            let seen = b_ran.clone();
+            let waiter = glommio::spawn_local_into(
+                async move {
+                    let sent = rx.recv_async().await.expect("sender gone");
+                    b_ran.set(true);
+                    sent.elapsed()
+                },
+                b,
+            )
+            .expect("spawn on b");
+            // B's task runs first and waits on the channel; then A's spins.
+            futures_lite::future::yield_now().await;
+            let busy = glommio::spawn_local_into(
+                async move {
+                    let start = Instant::now();
+                    while !seen.get() && start.elapsed() < GIVE_UP {
+                        std::hint::black_box((0..200u64).sum::<u64>());
+                        if glommio::executor().need_preempt() {
+                            glommio::yield_if_needed().await;
+                        }
+                    }
+                },
+                a,
+            )
+            .expect("spawn on a");
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                let _ = tx.send(Instant::now());
+            });
+            busy.await;
+            let ran = waiter.await;
+            progress.send(()).expect("watchdog gone");
+            ran
+        });
+        assert!(
+            waited < Duration::from_secs(1),
+            "the forced wake's task ran {waited:?} after its value was sent"
+        );
+    });
+}
