@@ -10,12 +10,12 @@
 //!   there. Making room drops slot pages last, so every slot an insert or a query needs
 //!   is in memory and a miss on an empty slot does no I/O.
 //! * **Why a new file's table goes in at once** (~20 ms per shard for the default 4,883
-//!   pages, in pieces): left to come in as keys first touched
-//!   them, each new page cost the dispatcher an allocation and a page fault (a glibc arena
-//!   `mprotect` and a fault per 4 KiB) until most pages had been touched (at 500 keys a
-//!   second per shard, by arithmetic ~90% of 4,883 pages after 20 s), and a flush could not join dirty pages across absent ones: 21 writes instead
-//!   of 3 for 40 keys over a 64-page table (`tests/index.rs`), ~160 a second per shard at
-//!   1,000 puts a second.
+//!   pages, in pieces): left to come in as keys first touched them, each new page cost
+//!   the dispatcher an allocation and a page fault (a glibc arena `mprotect` and a fault
+//!   per 4 KiB) until most pages had been touched (at 500 keys a second per shard, by
+//!   arithmetic ~90% of 4,883 pages after 20 s), and a flush could not join dirty pages
+//!   across absent ones: 21 writes instead of 3 for 40 keys over a 64-page table
+//!   (`tests/index.rs`), ~160 a second per shard at 1,000 puts a second.
 //! * **A flat table, not a hash map**: a lookup is an index. The hash map it replaced
 //!   was looked up four times per key (see the index's module docs for the cost).
 //! * **Making room** ([`IndexService::make_room`]) drops the clean entry pages first
