@@ -310,3 +310,65 @@ fn a_closed_loops_consumers_read_while_it_produces() {
         report.messages
     );
 }
+
+/// `--warm-up`: through the handle, the same load runs first for the given time and
+/// is left out of the report (its messages, its log bytes, the shard threads' CPU);
+/// its messages are in the store all the same. Elsewhere it is refused.
+#[test]
+fn a_warm_up_is_put_but_not_measured() {
+    let _cpus = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = loadgen::LoadConfig {
+        label: "bench_store warm-up".into(),
+        data_dir: Some(dir.path().to_path_buf()),
+        shards: Some(SHARDS as u32),
+        queues: QUEUES as u32,
+        messages: Some(PER_RUN),
+        outstanding: 8,
+        producers: 1,
+        via: loadgen::Via::Handle,
+        rate: Some(2000.0),
+        warm_up: 0.3,
+        quiet: true,
+        ..loadgen::LoadConfig::default()
+    };
+    let report = loadgen::run(&cfg).expect("bench runs");
+    assert!(report.ok(), "{}", report.summary());
+    assert_eq!(report.messages, PER_RUN);
+
+    let store = ShardedStore::open(config(dir.path(), SHARDS)).unwrap();
+    let h = store.handle();
+    let mut read = 0u64;
+    let mut log_bytes = 0u64;
+    for q in 0..QUEUES {
+        let got = block_on(h.get("BenchTopic0", q, 0, 100_000, 256 << 20)).unwrap();
+        for raw in &got.records {
+            read += 1;
+            log_bytes += raw.len() as u64;
+        }
+    }
+    store.shutdown().unwrap();
+    // 0.3 s at 2,000 a second: ~600 more (at least a third of that on a slow machine).
+    assert!(
+        read >= PER_RUN + 200,
+        "{read} messages in the store for {PER_RUN} measured: no warm-up put"
+    );
+    // The measured run's records only (within 10%: record sizes vary with their keys).
+    let measured = log_bytes as f64 / read as f64 * PER_RUN as f64;
+    assert!(
+        report.log_bytes > 0 && (report.log_bytes as f64) < measured * 1.1,
+        "the report's {} log bytes for {PER_RUN} messages: the warm-up's counted too \
+         (the store holds {log_bytes} bytes in {read} records)",
+        report.log_bytes
+    );
+
+    let refused = loadgen::run(&loadgen::LoadConfig {
+        via: loadgen::Via::Local,
+        warm_up: 1.0,
+        ..loadgen::LoadConfig::tiny()
+    });
+    assert!(
+        refused.is_err_and(|e| e.contains("--warm-up")),
+        "--warm-up refused with --via local"
+    );
+}

@@ -172,6 +172,11 @@ pub struct LoadConfig {
     /// Messages to put in total, instead of a duration
     #[arg(long, conflicts_with = "duration")]
     pub messages: Option<u64>,
+    /// With --via handle: produce the same load for SECS first, unmeasured (the store's
+    /// first use: its topic's queues, its first index file, first touches of its
+    /// buffers), then the measured run
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub warm_up: f64,
     /// Target rate in messages/s over all producers (open loop); default: unlimited
     #[arg(long)]
     pub rate: Option<f64>,
@@ -456,6 +461,12 @@ impl LoadConfig {
         if !(self.duration > 0.0 && self.duration.is_finite()) && self.messages.is_none() {
             return Err("--duration must be a positive number of seconds".into());
         }
+        if !(self.warm_up >= 0.0 && self.warm_up.is_finite()) {
+            return Err("--warm-up must be a number of seconds".into());
+        }
+        if self.warm_up > 0.0 && (self.via != Via::Handle || self.mode != Mode::Produce) {
+            return Err("--warm-up is for produce runs with --via handle".into());
+        }
         if let Some(r) = self.rate
             && !(r > 0.0 && r.is_finite())
         {
@@ -499,6 +510,7 @@ impl LoadConfig {
             "consumers": self.consumers,
             "flush": self.flush.name(),
             "duration_s": if self.messages.is_some() { None } else { Some(self.duration) },
+            "warm_up_s": self.warm_up,
             "messages": self.messages,
             "rate": self.rate,
             "pace_only": self.pace_only,

@@ -40,6 +40,34 @@ where
 /// Round trips of the bare wake-up baseline (`--via handle`): ~1 s at ~50 us each.
 const BARE_ROUNDS: usize = 20_000;
 
+/// `--warm-up`: the outside producers of a plan like `plan` run for `cfg.warm_up`
+/// seconds before anything is measured (no shard job runs yet; the measured run's
+/// counters, CPU and log figures start after).
+fn warm_up(cfg: &LoadConfig, plan: &Plan, handle: &Handle) -> Result<(), String> {
+    let wcfg = LoadConfig {
+        duration: cfg.warm_up,
+        messages: None,
+        consumers: false,
+        ..cfg.clone()
+    };
+    let wplan = Arc::new(Plan::new(
+        &wcfg,
+        handle.ownership(),
+        plan.shards,
+        plan.pattern.clone(),
+    )?);
+    let threads = outside::spawn_producers(&wplan, handle)?;
+    for t in threads {
+        t.join()
+            .map_err(|_| "a warm-up producer thread panicked".to_string())?;
+    }
+    let failed = sum(&wplan.counters, |c| &c.errors);
+    if failed > 0 {
+        return Err(format!("warm-up: {failed} puts failed"));
+    }
+    Ok(())
+}
+
 /// Runs the load described by `cfg` and returns what it measured. Prints a progress
 /// line on stderr once a second unless `cfg.quiet`.
 pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
@@ -89,6 +117,9 @@ pub fn run(cfg: &LoadConfig) -> Result<Report, String> {
         false => None,
     };
     let handle = store.handle();
+    if cfg.warm_up > 0.0 {
+        warm_up(cfg, &plan, &handle)?;
+    }
     let (cpu_start, _) = process_usage();
     let started = Instant::now();
     let progress = Progress::new(&plan, started, !cfg.quiet);
