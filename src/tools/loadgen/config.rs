@@ -172,9 +172,9 @@ pub struct LoadConfig {
     /// Messages to put in total, instead of a duration
     #[arg(long, conflicts_with = "duration")]
     pub messages: Option<u64>,
-    /// With --via handle: produce the same load for SECS first, unmeasured (the store's
-    /// first use: its topic's queues, its first index file, first touches of its
-    /// buffers), then the measured run
+    /// With --via handle: produce the same load for SECS first, unmeasured (a fresh
+    /// store's first use costs extra CPU once: first touches of its memory, its
+    /// topic's first files), then the measured run
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
     pub warm_up: f64,
     /// Target rate in messages/s over all producers (open loop); default: unlimited
