@@ -450,7 +450,7 @@ if want 10; then
     # A light load (issue 22): 1,000 sends a second offered, one producer, measured on
     # a warm node (one unrecorded second first): the first run on a fresh node costs
     # more, once (the same 1 s run took 109-127 ms of node CPU first, 56-75 ms after;
-    # +20-25 us a message over --quick's 3 s; docs/performance/node.md).
+    # +21-28 us a message over --quick's 3 s; docs/performance/node.md).
     "$bin" bench --target "127.0.0.1:$port" --follow-route --duration 1 --body 1024 \
         --queues 8 --producers 1 --outstanding 8 --rate 1000 --quiet >/dev/null 2>&1 || true
     remote_run s10-rate1k "node: 1,000 msg/s offered, 1 KiB" "127.0.0.1:$port" --follow-route \

@@ -319,24 +319,17 @@ fn a_warm_up_is_put_but_not_measured() {
     let _cpus = shared();
     let dir = tempfile::tempdir().unwrap();
     let cfg = loadgen::LoadConfig {
-        label: "bench_store warm-up".into(),
-        data_dir: Some(dir.path().to_path_buf()),
-        shards: Some(SHARDS as u32),
-        queues: QUEUES as u32,
-        messages: Some(PER_RUN),
-        outstanding: 8,
         producers: 1,
         via: loadgen::Via::Handle,
         rate: Some(2000.0),
         warm_up: 0.3,
-        quiet: true,
-        ..loadgen::LoadConfig::default()
+        ..small_run(dir.path(), "bench_store warm-up")
     };
     let report = loadgen::run(&cfg).expect("bench runs");
     assert!(report.ok(), "{}", report.summary());
     assert_eq!(report.messages, PER_RUN);
 
-    let store = ShardedStore::open(config(dir.path(), SHARDS)).unwrap();
+    let store = ShardedStore::open(config(&dir.path().join("store"), SHARDS)).unwrap();
     let h = store.handle();
     let mut read = 0u64;
     let mut log_bytes = 0u64;
@@ -348,7 +341,8 @@ fn a_warm_up_is_put_but_not_measured() {
         }
     }
     store.shutdown().unwrap();
-    // 0.3 s at 2,000 a second: ~600 more (at least a third of that on a slow machine).
+    // 0.3 s at 2,000 a second: ~600 more by the schedule (put late, not fewer, on a slow
+    // machine); a third of that is asked.
     assert!(
         read >= PER_RUN + 200,
         "{read} messages in the store for {PER_RUN} measured: no warm-up put"
