@@ -30,7 +30,8 @@
 #        CPU per message (from /proc/<pid>/stat) next to the embedded put's CPU per
 #        message (single sends and the embedded put in three interleaved rounds, each
 #        side at its median round), a loopback TCP echo round trip (and its server's CPU per round
-#        trip) and the embedded catch-up rate, all measured in the same run; and the
+#        trip, at one in flight and at 4 x 64) and the embedded catch-up rate, all
+#        measured in the same run; and the
 #        node's CPU per message at 1k, 3k, 10k, 30k and 100k msg/s offered
 #        (bench-results/s10-cpu-vs-rate.svg), and an embedded store's shard threads at
 #        1,000 puts a second through the handle. The node runs with shard ports
@@ -408,7 +409,7 @@ remote_run() {
 # CPU against load (issue 22): the node's CPU per message at these offered rates, one
 # curve (s10-cpu-vs-rate.{json,svg}); it should fall, never rise, as the rate grows.
 s10_rates=(1000 3000 10000 30000 100000)
-s10_names="s10-embedded s10-handle-1k s10-catch-up-write s10-catch-up s10-echo s10-idle s10-rate1k s10-single s10-single-binary s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
+s10_names="s10-embedded s10-handle-1k s10-catch-up-write s10-catch-up s10-echo s10-echo-pipelined s10-idle s10-rate1k s10-single s10-single-binary s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
 if want 10; then
     bench_run s10-catch-up-write "catch-up log: $s10_msgs x 1 KiB" "$work/s10-store" \
         --messages "$s10_msgs" --body 1024 --queues 8
@@ -424,6 +425,11 @@ if want 10; then
         --warm-up 1
     remote_run s10-echo "loopback TCP echo, 1 KiB, 1 in flight" echo \
         --duration "$secs" --body 1024 --producers 1 --outstanding 1
+    # The same echo under the single sends' load (4 x 64): the kernel's loopback share of
+    # a server's CPU per message at that pipelining, the floor under the node's figure
+    # (it writes back each 1 KiB request, more than a send's answer).
+    remote_run s10-echo-pipelined "loopback TCP echo, 1 KiB, 4 x 64 outstanding" echo \
+        --duration "$secs" --body 1024 --producers 4 --outstanding 64
     # A node on fresh ports in data directory $1, its log in $2.
     start_node() {
         port=$((20000 + RANDOM % 20000))
@@ -830,7 +836,8 @@ s10_result() {
 s10_baseline() {
     echo "embedded put $(fmt "$(j s10-embedded .cpu_us_per_message)" 2) µs CPU/msg" \
         "(median of rounds $(j s10-embedded '[.rounds[]? // 0 | . * 100 | round / 100] | map(tostring) | join(", ")'));" \
-        "echo p50 $(fmt "$(j s10-echo .send_latency_us.p50)") µs, echo server $(fmt "$(j s10-echo '.echo_server_cpu_us_per_message // 0')" 1) µs CPU/msg;" \
+        "echo p50 $(fmt "$(j s10-echo .send_latency_us.p50)") µs, echo server $(fmt "$(j s10-echo '.echo_server_cpu_us_per_message // 0')" 1) µs CPU/msg" \
+        "($(fmt "$(j s10-echo-pipelined '.echo_server_cpu_us_per_message // 0')" 2) µs at 4 x 64);" \
         "embedded catch-up $(fmt "$(j s10-catch-up .messages_per_sec)") msg/s"
 }
 s10_ratio() {
@@ -990,6 +997,7 @@ jq -n \
     --slurpfile s9 "$detail/s9-timer.json" \
     --slurpfile s10e "$detail/s10-embedded.json" --slurpfile s10cw "$detail/s10-catch-up-write.json" \
     --slurpfile s10c "$detail/s10-catch-up.json" --slurpfile s10echo "$detail/s10-echo.json" \
+    --slurpfile s10echop "$detail/s10-echo-pipelined.json" \
     --slurpfile s10s "$detail/s10-single.json" --slurpfile s10sb "$detail/s10-single-binary.json" \
     --slurpfile s10b "$detail/s10-batch.json" \
     --slurpfile s10o "$detail/s10-one.json" --slurpfile s10p "$detail/s10-pull.json" \
@@ -1042,6 +1050,7 @@ jq -n \
             "9_timer": $s9[0],
             "10_node": {
                 embedded: $s10e[0], catch_up_write: $s10cw[0], catch_up: $s10c[0], echo: $s10echo[0],
+                echo_pipelined: $s10echop[0],
                 single: $s10s[0], single_binary: $s10sb[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
                 idle: $s10idle[0], rate_1k: $s10r1k[0], cpu_vs_rate: $s10curve[0],
                 node_cpu_ratio_to_embedded_single: (($s10s[0].node_cpu_us_per_message // null)
