@@ -331,8 +331,9 @@ pub(crate) enum Collect {
     Send {
         /// Each field's span and wire position: at `i` under its long name, at
         /// `SEND_FIELD_COUNT + i` under its one-letter name; `present` says which hold
-        /// one (flat arrays and a bit mask: the parse fills, reads and copies them per
-        /// request, and `Option`s of pairs cost ~a fifth of a header's read).
+        /// one. Flat arrays and a bit mask rather than `Option`s of pairs, which every
+        /// read filled, mapped and copied: a binary header's read 315 -> 268 ns, a JSON
+        /// one's 660 -> 615 (benches/headers.rs).
         slots: [Span; 2 * SEND_FIELD_COUNT],
         pos: [u32; 2 * SEND_FIELD_COUNT],
         present: u32,
