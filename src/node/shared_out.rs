@@ -116,11 +116,25 @@ impl SharedOut {
     /// unanswered, else queues it for the connection's writer (which sends the answers
     /// of a busy connection in batches, one `sendmsg` for many).
     pub fn answer(&self, f: impl FnOnce(&mut OutQueue)) {
+        self.write_or_queue(1, f)
+    }
+
+    /// A lone request's answer on the connection's own shard (`conn.rs`): written at
+    /// once, as [`SharedOut::answer`] does, when nothing waits before it and no routed
+    /// send is unanswered; the writer task is then not woken for it.
+    pub fn answer_here(&self, f: impl FnOnce(&mut OutQueue)) {
+        self.write_or_queue(0, f)
+    }
+
+    /// Writes `f`'s frame at once when nothing is queued or being written and at most
+    /// `routed` routed sends are unanswered (the one answering counts), else queues it.
+    fn write_or_queue(&self, routed: u64, f: impl FnOnce(&mut OutQueue)) {
         let mut s = self.lock();
         if s.broken {
             return;
         }
-        let direct = !s.writing && s.out.is_empty() && self.remote.load(Ordering::Acquire) <= 1;
+        let direct =
+            !s.writing && s.out.is_empty() && self.remote.load(Ordering::Acquire) <= routed;
         f(&mut s.out);
         if direct {
             loop {
@@ -134,7 +148,7 @@ impl SharedOut {
                     // The socket is full: the writer waits for room.
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                     Err(e) => {
-                        tracing::debug!(error = %e, "answer from another shard failed");
+                        tracing::debug!(error = %e, "answer written at once failed");
                         s.broken = true;
                         s.out.clear();
                         break;
@@ -328,6 +342,52 @@ mod tests {
         assert_eq!(readable(&peer), b"");
         assert_eq!(out.remote(), 1);
         out.remote_done();
+    }
+
+    /// A lone request's answer on the connection's own shard (`answer_here`): written at
+    /// once only when nothing is queued or being written and no routed send is
+    /// unanswered (a routed send's answer may be written at once by its owner, so one
+    /// written here meanwhile could land inside it); otherwise queued for the writer.
+    #[test]
+    fn an_answer_here_waits_for_any_routed_send_and_for_the_queue() {
+        let (conn, peer) = pair();
+        let out = SharedOut::new(conn.as_raw_fd()).unwrap();
+        let waker = futures_lite::future::block_on(futures_lite::future::poll_fn(|cx| {
+            std::task::Poll::Ready(cx.waker().clone())
+        }));
+
+        // Alone: written at once, nothing left for the writer.
+        out.answer_here(|q| frame(q, b"L1"));
+        assert_eq!(readable(&peer), b"L1");
+        assert_eq!(out.pending(), 0);
+
+        // A routed send unanswered: queued.
+        out.remote_started();
+        out.answer_here(|q| frame(q, b"L2"));
+        assert_eq!(
+            readable(&peer),
+            b"",
+            "written while a routed send was unanswered"
+        );
+        assert_eq!(out.pending(), 2);
+        out.remote_done();
+
+        // Something queued before it: behind it, in the writer's batch.
+        out.answer_here(|q| frame(q, b"L3"));
+        assert_eq!(readable(&peer), b"");
+        let mut batch = OutQueue::default();
+        assert!(out.take_batch(&mut batch, &waker).is_some());
+        // The writer is sending its batch: a lone answer waits behind it.
+        out.answer_here(|q| frame(q, b"L4"));
+        assert_eq!(readable(&peer), b"", "written during the writer's batch");
+        batch.write_to(out.raw_fd()).unwrap();
+        out.sent(false);
+        assert_eq!(readable(&peer), b"L2L3");
+        batch.clear();
+        assert!(out.take_batch(&mut batch, &waker).is_some());
+        batch.write_to(out.raw_fd()).unwrap();
+        out.sent(false);
+        assert_eq!(readable(&peer), b"L4");
     }
 
     /// A socket that takes nothing more: the answer stays queued whole (for the writer,
