@@ -30,12 +30,12 @@
 //!   flight), is written by the reader at once if nothing is queued or being sent and
 //!   no routed send is unanswered: no writer task runs per send (at 1,000 sends a
 //!   second three task runs per send became two, shard CPU 69.5 -> 63.1 us per send
-//!   on the means of seven interleaved pairs). A single send whose queue another shard owns is
-//!   put and answered by that shard (one hop, no reply back to this shard): on the
-//!   socket at once when it is the connection's only routed send in flight and nothing
-//!   is queued or being sent, else queued for the writer. While more than [`OUT_HIGH_WATER`]
-//!   bytes wait (a peer that does not read), the reader takes no new request: a slow
-//!   peer stalls its own requests, not the node's memory.
+//!   on the means of seven interleaved pairs). A single send whose queue another
+//!   shard owns is put and answered by that shard (one hop, no reply back to this
+//!   shard): on the socket at once when it is the connection's only routed send in
+//!   flight and nothing is queued or being sent, else queued for the writer. While
+//!   more than [`OUT_HIGH_WATER`] bytes wait (a peer that does not read), the reader
+//!   takes no new request: a slow peer stalls its own requests, not the node's memory.
 //! * **Broker requests.** Check-backs (`state::Outboxes`) are queued as whole frames
 //!   between answers by a forwarder task, until the reader stops.
 //! * **Closing.** At the peer's end of stream, a read error or timeout
