@@ -283,6 +283,36 @@ mod tests {
         q.inline(|b| b.extend_from_slice(text));
     }
 
+    /// The connection's writer, by hand: takes a batch out of the queue, sends it.
+    struct Writer {
+        batch: OutQueue,
+        waker: Waker,
+    }
+
+    impl Writer {
+        fn new() -> Writer {
+            let waker = futures_lite::future::block_on(futures_lite::future::poll_fn(|cx| {
+                std::task::Poll::Ready(cx.waker().clone())
+            }));
+            Writer {
+                batch: OutQueue::default(),
+                waker,
+            }
+        }
+
+        /// Takes what is queued (there must be something).
+        fn take(&mut self, out: &SharedOut) {
+            self.batch.clear();
+            assert!(out.take_batch(&mut self.batch, &self.waker).is_some());
+        }
+
+        /// Sends the batch taken.
+        fn send(&mut self, out: &SharedOut) {
+            self.batch.write_to(out.raw_fd()).unwrap();
+            out.sent(false);
+        }
+    }
+
     /// An owner's answer goes straight to the socket only when nothing is queued
     /// before it, the connection's writer is not sending a batch, and no other routed
     /// send of the connection is unanswered; otherwise it waits its turn in the queue.
@@ -292,9 +322,7 @@ mod tests {
     fn an_answer_never_overtakes_what_is_queued_or_being_written() {
         let (conn, peer) = pair();
         let out = SharedOut::new(conn.as_raw_fd()).unwrap();
-        let waker = futures_lite::future::block_on(futures_lite::future::poll_fn(|cx| {
-            std::task::Poll::Ready(cx.waker().clone())
-        }));
+        let mut writer = Writer::new();
 
         // Alone: written at once.
         out.remote_started();
@@ -305,21 +333,17 @@ mod tests {
 
         // The writer took a batch and is sending it: an answer waits behind it.
         out.queue(|q| frame(q, b"C1"));
-        let mut batch = OutQueue::default();
-        assert!(out.take_batch(&mut batch, &waker).is_some());
+        writer.take(&out);
         out.remote_started();
         out.answer(|q| frame(q, b"A2"));
         out.remote_done();
         assert_eq!(readable(&peer), b"", "written during the writer's batch");
         assert_eq!(out.pending(), 2);
-        batch.write_to(out.raw_fd()).unwrap();
-        out.sent(false);
+        writer.send(&out);
         assert_eq!(readable(&peer), b"C1");
         // The writer's next turn takes the answer.
-        batch.clear();
-        assert!(out.take_batch(&mut batch, &waker).is_some());
-        batch.write_to(out.raw_fd()).unwrap();
-        out.sent(false);
+        writer.take(&out);
+        writer.send(&out);
         assert_eq!(readable(&peer), b"A2");
 
         // Something queued (not yet taken by the writer): the answer goes behind it.
@@ -328,10 +352,8 @@ mod tests {
         out.answer(|q| frame(q, b"A3"));
         out.remote_done();
         assert_eq!(readable(&peer), b"");
-        batch.clear();
-        assert!(out.take_batch(&mut batch, &waker).is_some());
-        batch.write_to(out.raw_fd()).unwrap();
-        out.sent(false);
+        writer.take(&out);
+        writer.send(&out);
         assert_eq!(readable(&peer), b"C2A3");
 
         // Other routed sends unanswered: queued for the writer's batched send.
@@ -352,9 +374,7 @@ mod tests {
     fn an_answer_here_waits_for_any_routed_send_and_for_the_queue() {
         let (conn, peer) = pair();
         let out = SharedOut::new(conn.as_raw_fd()).unwrap();
-        let waker = futures_lite::future::block_on(futures_lite::future::poll_fn(|cx| {
-            std::task::Poll::Ready(cx.waker().clone())
-        }));
+        let mut writer = Writer::new();
 
         // Alone: written at once, nothing left for the writer.
         out.answer_here(|q| frame(q, b"L1"));
@@ -375,18 +395,14 @@ mod tests {
         // Something queued before it: behind it, in the writer's batch.
         out.answer_here(|q| frame(q, b"L3"));
         assert_eq!(readable(&peer), b"");
-        let mut batch = OutQueue::default();
-        assert!(out.take_batch(&mut batch, &waker).is_some());
+        writer.take(&out);
         // The writer is sending its batch: a lone answer waits behind it.
         out.answer_here(|q| frame(q, b"L4"));
         assert_eq!(readable(&peer), b"", "written during the writer's batch");
-        batch.write_to(out.raw_fd()).unwrap();
-        out.sent(false);
+        writer.send(&out);
         assert_eq!(readable(&peer), b"L2L3");
-        batch.clear();
-        assert!(out.take_batch(&mut batch, &waker).is_some());
-        batch.write_to(out.raw_fd()).unwrap();
-        out.sent(false);
+        writer.take(&out);
+        writer.send(&out);
         assert_eq!(readable(&peer), b"L4");
     }
 
@@ -426,13 +442,9 @@ mod tests {
             assert!(!r.is_empty(), "the filler is there to read");
             got += r.len();
         }
-        let waker = futures_lite::future::block_on(futures_lite::future::poll_fn(|cx| {
-            std::task::Poll::Ready(cx.waker().clone())
-        }));
-        let mut batch = OutQueue::default();
-        assert!(out.take_batch(&mut batch, &waker).is_some());
-        batch.write_to(out.raw_fd()).unwrap();
-        out.sent(false);
+        let mut writer = Writer::new();
+        writer.take(&out);
+        writer.send(&out);
         assert_eq!(readable(&peer), b"late answer");
     }
 }
