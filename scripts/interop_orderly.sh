@@ -39,7 +39,8 @@ printf 'network = "%s"\n' "${COREMQ_NETWORK:-shards}" >"$work/coremq.toml"
 if [[ -n "${COREMQ_SHARD_PORTS:-}" ]]; then
     printf 'shard_listen = "127.0.0.1:0"\n' >>"$work/coremq.toml"
 fi
-"$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
+# The queue locks' grants and releases are logged at debug level: checked below.
+RUST_LOG="${RUST_LOG:-info,coremq::node::groups=debug}" "$COREMQ_BIN" serve --config "$work/coremq.toml" --data-dir "$work/data" --listen "127.0.0.1:$broker_port" \
     --namesrv-listen "127.0.0.1:$namesrv_port" --metrics-listen "127.0.0.1:$metrics_port" \
     >"$work/node.log" 2>&1 &
 node_pid=$!
@@ -53,6 +54,30 @@ status=0
 (cd "$work" && timeout 180 "$venv/bin/python" "$here/interop_orderly.py" "127.0.0.1:$namesrv_port") || status=$?
 
 kill -TERM "$node_pid"; wait "$node_pid" || status=1; node_pid=""
+# The broker granted each queue's lock to one client at a time: replayed from its log,
+# a grant to another client while a holder has not released is a failure (unless the
+# holder's lock had expired, which the grant names).
+"$py" - "$work/node.log" <<'PY' || status=1
+import re, sys
+held, grants, bad = {}, 0, []
+for line in open(sys.argv[1], errors="replace"):
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    m = re.search(r'queue lock (granted|released) group="([^"]*)" client="([^"]*)" topic=(\S+) queue=(-?\d+)(?: expired_holder=(\S+))?', line)
+    if not m:
+        continue
+    what, group, client, topic, queue, expired = m.groups()
+    q = (group, topic, queue)
+    if what == "granted":
+        grants += 1
+        if q in held and held[q] != client and expired in (None, "None"):
+            bad.append((q, held[q], client))
+        held[q] = client
+    elif held.get(q) == client:
+        del held[q]
+ok = grants > 0 and not bad
+print(("PASS " if ok else "FAIL ") + "the broker granted each queue's lock to one client at a time (%d grants)%s" % (grants, ": %s" % bad[:5] if bad else ""))
+sys.exit(0 if ok else 1)
+PY
 [[ $status -eq 0 ]] || { echo "--- node log ---"; tail -40 "$work/node.log"; }
 [[ -z "${KEEP_NODE_LOG:-}" ]] || cp "$work/node.log" "$KEEP_NODE_LOG"
 exit $status

@@ -175,7 +175,10 @@ impl QueueLocks {
                 Some((holder, at)) => holder == client || now.duration_since(*at) > LOCK_MAX_LIVE,
             };
             if free {
-                table.insert(q.clone(), (client.to_string(), now));
+                let prev = table.insert(q.clone(), (client.to_string(), now));
+                if prev.as_ref().is_none_or(|(holder, _)| holder != client) {
+                    tracing::debug!(group, client, topic = %q.0, queue = q.2, expired_holder = ?prev.map(|p| p.0), "queue lock granted");
+                }
                 granted.push(q.clone());
             }
         }
@@ -189,6 +192,7 @@ impl QueueLocks {
             for q in queues {
                 if table.get(q).is_some_and(|(holder, _)| holder == client) {
                     table.remove(q);
+                    tracing::debug!(group, client, topic = %q.0, queue = q.2, "queue lock released");
                 }
             }
             if table.is_empty() {
