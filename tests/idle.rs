@@ -68,6 +68,63 @@ fn an_idle_store_wakes_its_executor_rarely() {
     }
 }
 
+/// When `path` was last modified, and what it holds.
+fn stamp(path: &std::path::Path) -> (std::time::SystemTime, Vec<u8>) {
+    let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+    (modified, std::fs::read(path).unwrap())
+}
+
+/// An idle store writes nothing: its checkpoint rounds (every
+/// `consume_queue_flush_interval`, 50 ms here) find the checkpoint page and the queue
+/// manifest as they last wrote them and leave both files alone (each idle round
+/// rewrote them, with three syncs). A put moves both, and the next rounds write them.
+#[test]
+fn an_idle_store_leaves_its_checkpoint_and_manifest_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    common::run(move || async move {
+        let mut cfg = StoreConfig::new(&root);
+        cfg.consume_queue_flush_interval = Duration::from_millis(50);
+        cfg.flush_interval = Duration::from_millis(50);
+        let store = Store::open(cfg).await.unwrap();
+        let put = |i: i32| Message::new("Idle", i % 4, vec![7u8; 512]);
+        for i in 0..10 {
+            assert_eq!(store.put(put(i)).await.status, PutStatus::PutOk);
+        }
+        store.wait_dispatched().await;
+        // Flushed, dispatched, and the rounds after it written.
+        glommio::timer::sleep(Duration::from_millis(400)).await;
+        let checkpoint = root.join("checkpoint");
+        let manifest = root.join("config").join("cq-manifest");
+        let (cp0, m0) = (stamp(&checkpoint), stamp(&manifest));
+        // Ten rounds with nothing new.
+        glommio::timer::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            stamp(&checkpoint).0,
+            cp0.0,
+            "an idle round rewrote the checkpoint"
+        );
+        assert_eq!(
+            stamp(&manifest).0,
+            m0.0,
+            "an idle round rewrote the manifest"
+        );
+        assert_eq!(store.put(put(10)).await.status, PutStatus::PutOk);
+        store.wait_dispatched().await;
+        glommio::timer::sleep(Duration::from_millis(400)).await;
+        let (cp1, m1) = (stamp(&checkpoint), stamp(&manifest));
+        assert!(
+            cp1.0 > cp0.0 && cp1.1 != cp0.1,
+            "the checkpoint was not written after a put"
+        );
+        assert!(
+            m1.0 > m0.0 && m1.1 != m0.1,
+            "the manifest was not written after a put"
+        );
+        store.shutdown().await.unwrap();
+    });
+}
+
 /// CPU time of the calling thread, in seconds.
 fn thread_cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes the struct it is given.

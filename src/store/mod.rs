@@ -115,6 +115,9 @@ struct Inner {
     /// (dispatch-safe offset, flushed offset) of the last checkpoint written: what
     /// recovery would start from, so retention deletes nothing at or past it.
     checkpointed: Cell<(u64, u64)>,
+    /// The checkpoint page and queue manifest last written and made durable
+    /// (`checkpoint.rs`).
+    written: RefCell<checkpoint::Written>,
     /// Delay levels, delivered positions, attached services (`scheduled.rs`).
     sched: scheduled::Scheduling,
     /// StoreStatsService's counters (`crate::stats`).

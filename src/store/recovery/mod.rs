@@ -214,6 +214,7 @@ async fn open_structures(
         transfer: Default::default(),
         clean: cleaner,
         checkpointed: Cell::new((0, 0)),
+        written: Default::default(),
         sched: super::scheduled::Scheduling::load(cfg)?,
         stats: crate::stats::StatsRecorder::new(),
     });
