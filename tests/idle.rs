@@ -125,6 +125,50 @@ fn an_idle_store_leaves_its_checkpoint_and_manifest_alone() {
     });
 }
 
+/// Polls (every 5 ms, up to `within`) until the store's log is flushed to `end`.
+async fn flushed_within(store: &Store, end: u64, within: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if store.flushed_log_offset() >= end {
+            return true;
+        }
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// An async store's writer waits without a timer while everything written is flushed
+/// (it woke every commit interval to find nothing); a put after such a spell still
+/// reaches the disk on the flush interval, with no flush asked for: the first byte
+/// written since the last flush wakes the writer.
+#[test]
+fn a_put_after_an_idle_spell_is_flushed_on_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    common::run(move || async move {
+        let mut cfg = StoreConfig::new(&root);
+        cfg.flush_mode = FlushMode::Async;
+        cfg.commit_interval = Duration::from_millis(20);
+        cfg.flush_interval = Duration::from_millis(50);
+        // A lone small put is flushed on the interval, not only past a page count.
+        cfg.flush_thorough_interval = Duration::from_millis(100);
+        let store = Store::open(cfg).await.unwrap();
+        for round in 0..3 {
+            let r = store.put(Message::new("Idle", 0, vec![7u8; 100])).await;
+            assert_eq!(r.status, PutStatus::PutOk);
+            let end = r.log_offset + r.wrote_bytes as u64;
+            assert!(
+                flushed_within(&store, end, Duration::from_secs(3)).await,
+                "round {round}: the put was not flushed within 3 s (flushed {}, end {end})",
+                store.flushed_log_offset()
+            );
+            // Idle: everything written is flushed; the writer waits for the next byte.
+            glommio::timer::sleep(Duration::from_millis(300)).await;
+        }
+        store.shutdown().await.unwrap();
+    });
+}
+
 /// CPU time of the calling thread, in seconds.
 fn thread_cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes the struct it is given.

@@ -104,6 +104,9 @@ pub struct CommitLog {
     pub flushed: OffsetWatch,
     pool: RefCell<WriteBufferPool>,
     writer_wake: Notify,
+    /// The async writer waits without a timer (everything written is flushed): the
+    /// next append wakes it (`flush.rs`).
+    writer_idle: Cell<bool>,
     /// Set after a write/sync failure: no more writes until reopened (fail-stop).
     failed: RefCell<Option<String>>,
     stopping: Cell<bool>,
@@ -187,6 +190,7 @@ impl CommitLog {
             flushed: OffsetWatch::new(min_offset),
             pool: RefCell::new(WriteBufferPool::new(buf_bytes)),
             writer_wake: Notify::default(),
+            writer_idle: Cell::new(false),
             failed: RefCell::new(None),
             stopping: Cell::new(false),
             flush_now: Cell::new(false),

@@ -331,8 +331,10 @@ impl CommitLog {
             self.written.get(),
             "append must continue at the written position"
         );
-        if self.pool.borrow_mut().write(at, bytes) {
-            // A buffer was sealed: there is a whole one to commit.
+        // The first byte after the async writer went idle wakes it (it waits without a
+        // timer then, `flush.rs`), as a sealed buffer does.
+        let idle = self.writer_idle.replace(false);
+        if self.pool.borrow_mut().write(at, bytes) || idle {
             self.writer_wake.notify();
         }
         self.written.set(at + bytes.len() as u64);
@@ -355,8 +357,10 @@ impl CommitLog {
             self.append(at, &buf, store_ts);
             return;
         }
-        if self.pool.borrow_mut().fill(at, len, fill) {
-            // A buffer was sealed: there is a whole one to commit.
+        let idle = self.writer_idle.replace(false);
+        if self.pool.borrow_mut().fill(at, len, fill) || idle {
+            // A buffer was sealed (or the writer idles, as in `append`): the writer
+            // has something to do.
             self.writer_wake.notify();
         }
         self.written.set(at + len as u64);
