@@ -301,7 +301,11 @@ async fn puts_answer_in_time(cfg: StoreConfig, dev: Arc<dyn Device>, what: &str)
         // when it has something new to write (an idle round writes nothing), so one
         // more put gives the next round a new queue manifest to replace.
         let s = put(&store, &log, true, 1000, what).await;
-        assert_eq!(s, PutStatus::PutOk, "{what}: the put before the armed stall");
+        assert_eq!(
+            s,
+            PutStatus::PutOk,
+            "{what}: the put before the armed stall"
+        );
     }
     let armed = Instant::now();
     while !dev.is_stalled() {
