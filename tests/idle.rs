@@ -75,11 +75,12 @@ fn stamp(path: &std::path::Path) -> (std::time::SystemTime, Vec<u8>) {
 }
 
 /// An idle store writes nothing: its checkpoint rounds (every
-/// `consume_queue_flush_interval`, 50 ms here) find the checkpoint page and the queue
-/// manifest as they last wrote them and leave both files alone (each idle round
-/// rewrote them, with three syncs). A put moves both, and the next rounds write them.
+/// `consume_queue_flush_interval`, 50 ms here) find the checkpoint page, the queue
+/// manifest and the consume queues' last pages as they last wrote them and leave the
+/// files alone (each idle round rewrote and synced all of them). A put moves them,
+/// and the next rounds write them.
 #[test]
-fn an_idle_store_leaves_its_checkpoint_and_manifest_alone() {
+fn an_idle_store_leaves_its_files_alone() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     common::run(move || async move {
@@ -96,7 +97,13 @@ fn an_idle_store_leaves_its_checkpoint_and_manifest_alone() {
         glommio::timer::sleep(Duration::from_millis(400)).await;
         let checkpoint = root.join("checkpoint");
         let manifest = root.join("config").join("cq-manifest");
-        let (cp0, m0) = (stamp(&checkpoint), stamp(&manifest));
+        // Queue 2 of the topic: the put below goes to queue 10 % 4.
+        let queue = root
+            .join("consumequeue")
+            .join("Idle")
+            .join("2")
+            .join("00000000000000000000");
+        let (cp0, m0, q0) = (stamp(&checkpoint), stamp(&manifest), stamp(&queue));
         // Ten rounds with nothing new.
         glommio::timer::sleep(Duration::from_millis(500)).await;
         assert_eq!(
@@ -109,10 +116,15 @@ fn an_idle_store_leaves_its_checkpoint_and_manifest_alone() {
             m0.0,
             "an idle round rewrote the manifest"
         );
+        assert_eq!(
+            stamp(&queue).0,
+            q0.0,
+            "an idle round rewrote a consume queue"
+        );
         assert_eq!(store.put(put(10)).await.status, PutStatus::PutOk);
         store.wait_dispatched().await;
         glommio::timer::sleep(Duration::from_millis(400)).await;
-        let (cp1, m1) = (stamp(&checkpoint), stamp(&manifest));
+        let (cp1, m1, q1) = (stamp(&checkpoint), stamp(&manifest), stamp(&queue));
         assert!(
             cp1.0 > cp0.0 && cp1.1 != cp0.1,
             "the checkpoint was not written after a put"
@@ -120,6 +132,10 @@ fn an_idle_store_leaves_its_checkpoint_and_manifest_alone() {
         assert!(
             m1.0 > m0.0 && m1.1 != m0.1,
             "the manifest was not written after a put"
+        );
+        assert!(
+            q1.0 > q0.0 && q1.1 != q0.1,
+            "the consume queue was not written after a put"
         );
         store.shutdown().await.unwrap();
     });

@@ -32,6 +32,10 @@ struct Tail {
     /// Byte position in the file of `bytes[0]` (page aligned).
     page_pos: u64,
     bytes: Vec<u8>,
+    /// How many of `bytes` are written and synced (the partial last page a flush
+    /// keeps): a flush with nothing past it writes nothing (each idle second rewrote
+    /// and synced every queue's last page).
+    synced: usize,
 }
 
 /// What dispatch did with an entry.
@@ -97,8 +101,12 @@ impl ConsumeQueue {
     pub fn max_phys_end(&self) -> u64 {
         self.max_phys_end.get()
     }
+    /// Entries not yet written and synced.
     pub fn is_dirty(&self) -> bool {
-        self.tails.borrow().values().any(|t| !t.bytes.is_empty())
+        self.tails
+            .borrow()
+            .values()
+            .any(|t| t.bytes.len() > t.synced)
     }
 
     fn file_of(&self, q: u64) -> u64 {
@@ -264,6 +272,7 @@ impl ConsumeQueue {
                 first,
                 Tail {
                     page_pos,
+                    synced: prefix.len(),
                     bytes: prefix,
                 },
             );
@@ -315,7 +324,11 @@ impl ConsumeQueue {
             while (bytes.len() as u64) < byte {
                 bytes.extend_from_slice(&blank);
             }
-            Tail { page_pos: 0, bytes }
+            Tail {
+                page_pos: 0,
+                bytes,
+                synced: 0,
+            }
         });
         debug_assert_eq!(tail.page_pos + tail.bytes.len() as u64, byte);
         tail.bytes.extend_from_slice(&entry.encode());
@@ -385,7 +398,7 @@ impl ConsumeQueue {
             .tails
             .borrow()
             .iter()
-            .filter(|(_, t)| !t.bytes.is_empty())
+            .filter(|(_, t)| t.bytes.len() > t.synced)
             .map(|(first, _)| *first)
             .collect();
         for first in firsts {
@@ -412,6 +425,7 @@ impl ConsumeQueue {
                 let full_pages = copied / PAGE * PAGE;
                 t.bytes.drain(..full_pages);
                 t.page_pos += full_pages as u64;
+                t.synced = copied - full_pages;
             }
         }
         Ok(())
