@@ -6,7 +6,10 @@
 //! Entries are appended to an in-memory tail that starts at a page boundary of the
 //! current file; a flush writes the tail's pages with direct I/O (the partial last
 //! page padded with zeros, rewritten with the same prefix by the next flush) and keeps
-//! only the partial last page in memory. Reads of entries still in the tail come from
+//! only the partial last page in memory. A queue with no entry added since its last
+//! flush is not written (idle rounds rewrote and synced every queue's last page: after
+//! traffic an idle node's shards woke 25 times a second instead of 16, and its io-wq
+//! workers spent ~0.7 ms of CPU a second). Reads of entries still in the tail come from
 //! memory, older ones from the file. A file's last page may reach past the file's
 //! RocketMQ size (6,000,000 is not a page multiple); the file is cut back to its exact
 //! size once it is full, and at load.
