@@ -168,8 +168,7 @@ impl Inner {
         // Blocking calls (fsyncs, a rename): off the executor, so a stalled disk
         // does not stop the shard (`io::offload`).
         let path = manifest_path(&self.cfg.root);
-        let replaced = std::sync::Arc::new(bytes);
-        let to_write = replaced.clone();
+        let to_write = bytes.clone();
         self.cfg
             .disk
             .off_executor(move |disk| {
@@ -179,8 +178,7 @@ impl Inner {
                 disk.replace_file(&path, &to_write)
             })
             .await?;
-        self.written.borrow_mut().manifest =
-            Some(std::sync::Arc::try_unwrap(replaced).unwrap_or_else(|shared| (*shared).clone()));
+        self.written.borrow_mut().manifest = Some(bytes);
         Ok(())
     }
 }
