@@ -185,6 +185,45 @@ fn a_put_after_an_idle_spell_is_flushed_on_the_interval() {
     });
 }
 
+/// An async store whose last put is committed but not flushed (fewer bytes than
+/// `flush_least_pages` pages, `flush_thorough_interval` not yet passed) has nothing to
+/// do until that interval: its writer sleeps until the flush is due or the next put,
+/// instead of turning every commit interval (5 times a second) to find nothing to
+/// commit. The small put is still flushed by the thorough interval.
+#[test]
+fn a_committed_put_waits_for_its_flush_without_turning_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    common::run(move || async move {
+        let mut cfg = StoreConfig::new(&root);
+        cfg.flush_mode = FlushMode::Async;
+        cfg.flush_thorough_interval = Duration::from_secs(4);
+        let store = Store::open(cfg).await.unwrap();
+        let r = store.put(Message::new("Idle", 0, vec![7u8; 100])).await;
+        assert_eq!(r.status, PutStatus::PutOk);
+        let end = r.log_offset + r.wrote_bytes as u64;
+        // Committed within the commit interval (200 ms); then nothing is due but the
+        // thorough flush.
+        glommio::timer::sleep(Duration::from_millis(500)).await;
+        assert!(
+            store.flushed_log_offset() < end,
+            "flushed before the thorough interval"
+        );
+        let before = store.stats().writer_turns;
+        glommio::timer::sleep(Duration::from_secs(2)).await;
+        let turns = store.stats().writer_turns - before;
+        assert!(
+            turns <= 1,
+            "the writer turned {turns} times in 2 s with nothing to commit"
+        );
+        assert!(
+            flushed_within(&store, end, Duration::from_secs(4)).await,
+            "the small put was not flushed by the thorough interval"
+        );
+        store.shutdown().await.unwrap();
+    });
+}
+
 /// CPU time of the calling thread, in seconds.
 fn thread_cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes the struct it is given.

@@ -107,6 +107,8 @@ pub struct CommitLog {
     /// The async writer waits without a timer (everything written is flushed): the
     /// next append wakes it (`flush.rs`).
     writer_idle: Cell<bool>,
+    /// Turns of the writer's loop (`StoreStats::writer_turns`).
+    writer_turns: Cell<u64>,
     /// Set after a write/sync failure: no more writes until reopened (fail-stop).
     failed: RefCell<Option<String>>,
     stopping: Cell<bool>,
@@ -191,6 +193,7 @@ impl CommitLog {
             pool: RefCell::new(WriteBufferPool::new(buf_bytes)),
             writer_wake: Notify::default(),
             writer_idle: Cell::new(false),
+            writer_turns: Cell::new(0),
             failed: RefCell::new(None),
             stopping: Cell::new(false),
             flush_now: Cell::new(false),
@@ -274,6 +277,11 @@ impl CommitLog {
             self.flushed.set(target);
         }
         self.prewrite_wake.notify();
+    }
+
+    /// Turns of the writer's loop since the log was opened (`StoreStats::writer_turns`).
+    pub fn writer_turns(&self) -> u64 {
+        self.writer_turns.get()
     }
 
     /// Asks the writer to commit and flush everything now.

@@ -225,6 +225,9 @@ pub struct StoreStats {
     /// Sync-flush rounds the shard wrote itself instead of its group-commit thread
     /// (`StoreConfig::sync_flush_lead_when_idle`).
     pub sync_rounds_led: u64,
+    /// Turns of the commit-log writer's loop (each a commit or flush round, or
+    /// a look that found nothing due): how often the log's writer woke the shard.
+    pub writer_turns: u64,
     /// Turns of the shard's executor over the stall threshold (`crate::shard::stall`).
     pub stalls: u64,
     /// The last stall: how long and which task queues ran (per shard).
@@ -265,6 +268,7 @@ impl StoreStats {
             t.spare_segments_ready += s.spare_segments_ready;
             t.spare_segments_pending += s.spare_segments_pending;
             t.sync_rounds_led += s.sync_rounds_led;
+            t.writer_turns += s.writer_turns;
             t.index_flushes += s.index_flushes;
             t.index_flush_writes += s.index_flush_writes;
             t.stalls += s.stalls;

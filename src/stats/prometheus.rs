@@ -10,7 +10,7 @@ use std::fmt::Write;
 /// shard order) to `out`.
 pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
     type Pick = fn(&StoreStats) -> u64;
-    let counters: [(&str, &str, Pick); 15] = [
+    let counters: [(&str, &str, Pick); 16] = [
         ("coremq_store_put_calls_total", "Store put calls.", |s| {
             s.put_calls
         }),
@@ -81,6 +81,11 @@ pub fn render(out: &mut String, shards: &[StoreStats], clean: &[CleanStats]) {
             "coremq_store_sync_rounds_led_total",
             "Sync-flush rounds a shard wrote itself instead of its group-commit thread.",
             |s| s.sync_rounds_led,
+        ),
+        (
+            "coremq_store_writer_turns_total",
+            "Turns of the commit-log writer (rounds, and looks that found nothing due).",
+            |s| s.writer_turns,
         ),
     ];
     for (name, help, pick) in counters {

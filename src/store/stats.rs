@@ -28,6 +28,7 @@ impl Store {
         s.spare_segments_ready = ready as u64;
         s.spare_segments_pending = pending as u64;
         s.sync_rounds_led = inner.log.sync_rounds_led();
+        s.writer_turns = inner.log.writer_turns();
         if let Some(ix) = &inner.index {
             (s.index_flushes, s.index_flush_writes) = ix.flush_counts();
         }
