@@ -41,17 +41,17 @@ use crate::message::StoredMessage;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An idle level sleeps until dispatch appends to its queue (`Store::schedule_arrival`),
 /// and looks anyway this often (RocketMQ polls every 100 ms: 18 levels a shard made
 /// 180 wake-ups a second of an idle store, most of its idle CPU). The idle levels of a
-/// shard look at one shared tick ([`Stop::until_shared_tick`]), so they wake their shard
+/// shard look at one shared tick (`crate::shard::tick`), so they wake their shard
 /// once per period, not once each.
-const IDLE_POLL: Duration = Duration::from_secs(10);
+pub(crate) const IDLE_POLL: Duration = Duration::from_secs(10);
 /// The longest sleep towards an entry's due time (a clock step shortens it); the levels
 /// of a shard end such sleeps at one shared tick.
-const DUE_WAIT_MAX: Duration = Duration::from_secs(1);
+pub(crate) const DUE_WAIT_MAX: Duration = Duration::from_secs(1);
 /// After a refused put, the same entry is tried again this much later (RocketMQ: 100 ms).
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// After a failed queue read (RocketMQ's `DELAY_FOR_A_PERIOD`).
@@ -64,8 +64,6 @@ const BATCH: usize = 64;
 pub(crate) struct Stop {
     stopped: Cell<bool>,
     wakers: RefCell<Vec<Waker>>,
-    /// The first [`Stop::until_shared_tick`] call: the ticks are counted from it.
-    anchor: Cell<Option<Instant>>,
 }
 
 impl Stop {
@@ -78,19 +76,6 @@ impl Stop {
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.stopped.get()
-    }
-
-    /// How long until the next multiple of `every` since the first call on this `Stop`
-    /// (never zero): the tasks that share it and sleep this long wake at one instant,
-    /// which the executor serves in one wake-up.
-    pub(crate) fn until_shared_tick(&self, every: Duration) -> Duration {
-        let now = Instant::now();
-        let anchor = self.anchor.get().unwrap_or(now);
-        self.anchor.set(Some(anchor));
-        let every_ns = every.as_nanos().max(1);
-        let ticks = (now - anchor).as_nanos() / every_ns + 1;
-        let next = anchor + Duration::from_nanos((ticks * every_ns).min(u64::MAX as u128) as u64);
-        next - now
     }
 
     /// Sleeps for `d`, or less when stopped; returns whether to go on.
@@ -210,7 +195,7 @@ async fn run_level<H: Host>(host: H, level: i32, delay: Duration, stop: Rc<Stop>
                 store.schedule_arrival(level).await;
                 true
             };
-            if !futures_lite::future::or(arrived, stop.sleep(stop.until_shared_tick(IDLE_POLL)))
+            if !futures_lite::future::or(arrived, stop.sleep(crate::shard::tick::until(IDLE_POLL)))
                 .await
                 || stop.is_stopped()
             {
@@ -236,7 +221,7 @@ async fn run_level<H: Host>(host: H, level: i32, delay: Duration, stop: Rc<Stop>
                 // Up to the shared tick: the levels that wait for far entries (a
                 // consumer's retries) wake their shard together.
                 let wait = Duration::from_millis((due - now) as u64)
-                    .min(stop.until_shared_tick(DUE_WAIT_MAX));
+                    .min(crate::shard::tick::until(DUE_WAIT_MAX));
                 if !stop.sleep(wait).await {
                     return;
                 }
@@ -296,45 +281,5 @@ pub(crate) async fn read_scheduled(
         Err(e) => Err(Outcome::Retry(format!(
             "reading the record at {offset}: {e}"
         ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The instants two `until_shared_tick` calls aim at, apart by how much.
-    fn apart(a: Instant, b: Instant) -> Duration {
-        if a > b { a - b } else { b - a }
-    }
-
-    #[test]
-    fn the_idle_looks_of_a_shard_fall_on_one_tick() {
-        let stop = Stop::default();
-        let every = Duration::from_millis(300);
-        let first = stop.until_shared_tick(every);
-        let first_at = Instant::now() + first;
-        assert!(first > Duration::ZERO && first <= every, "{first:?}");
-        // A level that goes idle later in the same period looks at the same instant.
-        std::thread::sleep(Duration::from_millis(60));
-        let later = stop.until_shared_tick(every);
-        let later_at = Instant::now() + later;
-        assert!(
-            apart(first_at, later_at) < Duration::from_millis(5),
-            "a later idle level looks {:?} apart from the first",
-            apart(first_at, later_at)
-        );
-        // Past that tick, the next one: one period on, not one period from now.
-        std::thread::sleep(
-            first_at.saturating_duration_since(Instant::now()) + Duration::from_millis(20),
-        );
-        let next = stop.until_shared_tick(every);
-        let next_at = Instant::now() + next;
-        assert!(
-            apart(next_at, first_at + every) < Duration::from_millis(5),
-            "the tick after is {:?} away from one period after the first",
-            apart(next_at, first_at + every)
-        );
-        assert!(next > Duration::ZERO);
     }
 }

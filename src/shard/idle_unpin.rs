@@ -27,8 +27,9 @@
 
 use std::time::{Duration, Instant};
 
-/// How often a shard looks at its own load (a wake-up of an idle shard each time).
-pub(crate) const WINDOW: Duration = Duration::from_millis(250);
+/// How often a shard looks at its own load, on the shard's tick (`super::tick`: a
+/// multiple of the heartbeat's 100 ms, so an idle shard's look shares its wake-up).
+pub(crate) const WINDOW: Duration = Duration::from_millis(200);
 /// Busy below this share of a CPU over a window: unpinned.
 pub(crate) const UNPIN_BELOW: f64 = 0.10;
 /// Busy above this share of a CPU over a window: pinned again.
@@ -86,7 +87,7 @@ pub(crate) async fn follow_load(shard: usize, cpu: usize, all: Vec<usize>) {
     let mut at = Instant::now();
     let mut spent = thread_cpu_ns();
     loop {
-        glommio::timer::sleep(WINDOW).await;
+        glommio::timer::sleep(super::tick::until(WINDOW)).await;
         let (now, cpu_now) = (Instant::now(), thread_cpu_ns());
         let wall = now.duration_since(at).as_nanos().max(1) as f64;
         let busy = cpu_now.saturating_sub(spent) as f64 / wall;

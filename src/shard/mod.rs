@@ -25,6 +25,7 @@
 //!   reply spin, [`block_on`]).
 //! * `turns`: background task queues whose turns are bounded, so timers and I/O
 //!   completions are polled between their pieces.
+//! * `tick`: the shared tick an idle shard's periodic timers end on.
 //! * `context`: [`ShardContext`], the route of code running on a shard
 //!   ([`Handle::run_on`]): the local store in place, other shards through the handle.
 //!
@@ -42,6 +43,7 @@ mod reply;
 mod rings;
 mod sharded_store;
 pub mod stall;
+pub(crate) mod tick;
 pub(crate) mod turns;
 pub(crate) mod wait;
 

@@ -28,7 +28,8 @@
 //! Cost: while a shard works, `4 / threshold` timer wake-ups a second (400 at 10 ms);
 //! each wakes a parked executor (~25-50 us of CPU on a VM). A shard whose task queues
 //! ran less than a tenth of the last sleep (`BUSY_SHARE`) backs its heartbeat off,
-//! doubling up to one beat every `IDLE_TICK` (100 ms): at a 2.5 ms tick forever an
+//! doubling up to one beat every `IDLE_TICK` (100 ms, then on the shard's shared tick,
+//! `super::tick`, with its other idle timers): at a 2.5 ms tick forever an
 //! idle 2-shard store took 5.8% of a core against 1.1% without the detector, and a
 //! node serving 1,000 sends a second (its shards busy 3-7% of the time) spent 127-149
 //! us of CPU per send with the 2.5 ms tick against 81-90 us backed off (2.35 -> 1.75
@@ -44,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The longest heartbeat sleep of an idle shard, and the monitor thread's period.
-const IDLE_TICK: Duration = Duration::from_millis(100);
+pub(crate) const IDLE_TICK: Duration = Duration::from_millis(100);
 /// The share of a heartbeat's sleep the shard's task queues must have run for the
 /// next sleep to be the short tick (module docs: the cost figures).
 const BUSY_SHARE: f64 = 0.1;
@@ -137,9 +138,19 @@ impl Beats {
         let mut sleep = tick;
         loop {
             let slept_from = Instant::now();
-            self.due[shard].store(self.now_us() + sleep.as_micros() as u64, Ordering::Relaxed);
+            // Backed off all the way, the beat ends on the shard's tick (`super::tick`),
+            // with the idle shard's other timers.
+            let sleep_for = if sleep == IDLE_TICK {
+                super::tick::until(IDLE_TICK)
+            } else {
+                sleep
+            };
+            self.due[shard].store(
+                self.now_us() + sleep_for.as_micros() as u64,
+                Ordering::Relaxed,
+            );
             self.reported[shard].store(false, Ordering::Relaxed);
-            glommio::timer::sleep(sleep).await;
+            glommio::timer::sleep(sleep_for).await;
             if self.stop.load(Ordering::Relaxed) {
                 // No beat is due any more: the monitor must not take the last one,
                 // never followed, for a freeze.
@@ -147,7 +158,7 @@ impl Beats {
                 return;
             }
             let slept = slept_from.elapsed();
-            let late = slept.saturating_sub(sleep);
+            let late = slept.saturating_sub(sleep_for);
             sample(&mut runtimes);
             // A lightly loaded shard backs off (doubling up to IDLE_TICK): it cannot
             // stall while nothing runs, and each beat wakes it (module docs). Work

@@ -74,7 +74,10 @@ impl Inner {
         loop {
             futures_lite::future::or(
                 self.flusher_wake.wait(),
-                glommio::timer::sleep(self.cfg.consume_queue_flush_interval),
+                // On the shard's tick (`crate::shard::tick`): with its other timers.
+                glommio::timer::sleep(crate::shard::tick::until(
+                    self.cfg.consume_queue_flush_interval,
+                )),
             )
             .await;
             if self.state.get() != State::Running {
