@@ -9,7 +9,7 @@
 //!   written is committed it sleeps until the next flush is due (none while everything
 //!   is flushed), and the first byte appended after that wakes it (`append`), so an
 //!   idle log costs no wake-ups (it woke every `commit_interval` to find nothing: an
-//!   idle node's shards 21.5 -> 16.3 wake-ups a second; with a few bytes committed
+//!   idle node's shards 21.6 -> 16.3 wake-ups a second; with a few bytes committed
 //!   and awaiting the thorough flush, 21.7-22.4 -> 18.5-19.6);
 //! * **sync flush on the writer task** (the simulated disk, and `RingWriteFdatasync`):
 //!   group-commit rounds run here, each round starting as the last one ends.
@@ -30,7 +30,7 @@
 //! mode); the prewriter runs in its own `NotImportant` queue.
 
 use super::CommitLog;
-use crate::config::{FlushMode, SyncFlushIo};
+use crate::config::{FlushMode, StoreConfig, SyncFlushIo};
 use crate::error::Result;
 use crate::io::{self, AlignedBuf, File, PAGE, align_down, align_up};
 use crate::wake::join_all;
@@ -139,7 +139,6 @@ impl CommitLog {
 
     async fn writer_loop(&self) -> Result<()> {
         let cfg = self.cfg.clone();
-        let page = PAGE as u64;
         let mut last_commit = Instant::now();
         let mut last_flush = Instant::now();
         let mut last_thorough = Instant::now();
@@ -182,11 +181,8 @@ impl CommitLog {
             }
             let unflushed = self.committed.get() - self.flushed.get();
             let thorough = now - last_thorough >= cfg.flush_thorough_interval;
-            let flush_due = unflushed > 0
-                && (sync
-                    || stopping
-                    || flush_now
-                    || (flush_time && (unflushed >= cfg.flush_least_pages * page || thorough)));
+            let flush_at = timed_flush_at(&cfg, unflushed, last_flush, last_thorough);
+            let flush_due = unflushed > 0 && (sync || stopping || flush_now || flush_at <= now);
             if flush_due {
                 self.flush_once().await?;
                 last_flush = Instant::now();
@@ -204,26 +200,16 @@ impl CommitLog {
                     // before then (an idle writer woke every commit interval, 5 times a
                     // second per shard, to find nothing); none at all once everything
                     // written is flushed.
-                    let flush_at = (self.committed.get() > self.flushed.get()).then(|| {
-                        let unflushed = self.committed.get() - self.flushed.get();
-                        let at = last_flush + cfg.flush_interval;
-                        if unflushed >= cfg.flush_least_pages * page {
-                            at
-                        } else {
-                            at.max(last_thorough + cfg.flush_thorough_interval)
-                        }
-                    });
                     self.writer_idle.set(true);
-                    match flush_at {
-                        None => self.writer_wake.wait().await,
-                        Some(at) => {
-                            let left = at.saturating_duration_since(Instant::now());
-                            futures_lite::future::or(
-                                self.writer_wake.wait(),
-                                glommio::timer::sleep(left),
-                            )
-                            .await
-                        }
+                    if unflushed == 0 {
+                        self.writer_wake.wait().await;
+                    } else {
+                        let left = flush_at.saturating_duration_since(Instant::now());
+                        futures_lite::future::or(
+                            self.writer_wake.wait(),
+                            glommio::timer::sleep(left),
+                        )
+                        .await;
                     }
                     self.writer_idle.set(false);
                     continue;
@@ -335,5 +321,22 @@ impl CommitLog {
         };
         buf.set_len(len);
         buf
+    }
+}
+
+/// When the async flush rules make a flush of `unflushed` committed bytes due: a
+/// `flush_interval` after the last flush once `flush_least_pages` pages wait, else not
+/// before a `flush_thorough_interval` after the last thorough one either.
+fn timed_flush_at(
+    cfg: &StoreConfig,
+    unflushed: u64,
+    last_flush: Instant,
+    last_thorough: Instant,
+) -> Instant {
+    let at = last_flush + cfg.flush_interval;
+    if unflushed >= cfg.flush_least_pages * PAGE as u64 {
+        at
+    } else {
+        at.max(last_thorough + cfg.flush_thorough_interval)
     }
 }

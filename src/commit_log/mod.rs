@@ -104,8 +104,8 @@ pub struct CommitLog {
     pub flushed: OffsetWatch,
     pool: RefCell<WriteBufferPool>,
     writer_wake: Notify,
-    /// The async writer waits without a timer (everything written is flushed): the
-    /// next append wakes it (`flush.rs`).
+    /// The async writer has nothing to commit and waits for its next flush, if any, or
+    /// for the next append, which wakes it (`flush.rs`).
     writer_idle: Cell<bool>,
     /// Turns of the writer's loop (`StoreStats::writer_turns`).
     writer_turns: Cell<u64>,
