@@ -33,7 +33,9 @@
 #        trip, at one in flight and at 4 x 64) and the embedded catch-up rate, all
 #        measured in the same run; and the
 #        node's CPU per message at 1k, 3k, 10k, 30k and 100k msg/s offered
-#        (bench-results/s10-cpu-vs-rate.svg), and an embedded store's shard threads at
+#        (bench-results/s10-cpu-vs-rate.svg), the node's CPU per request for 1,000
+#        heartbeats a second (a request without store work, `--request heartbeat`: the
+#        floor under the 1,000 sends a second), and an embedded store's shard threads at
 #        1,000 puts a second through the handle. The node runs with shard ports
 #        (`--shard-listen`) and the client follows its route (`--follow-route`), as a
 #        RocketMQ client does: each send goes to its queue's shard; single sends on
@@ -409,7 +411,7 @@ remote_run() {
 # CPU against load (issue 22): the node's CPU per message at these offered rates, one
 # curve (s10-cpu-vs-rate.{json,svg}); it should fall, never rise, as the rate grows.
 s10_rates=(1000 3000 10000 30000 100000)
-s10_names="s10-embedded s10-handle-1k s10-catch-up-write s10-catch-up s10-echo s10-echo-pipelined s10-idle s10-rate1k s10-single s10-single-binary s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
+s10_names="s10-embedded s10-handle-1k s10-catch-up-write s10-catch-up s10-echo s10-echo-pipelined s10-idle s10-rate1k s10-heartbeat-1k s10-single s10-single-binary s10-single-routed s10-batch s10-one s10-pull ${s10_rates[*]/#/s10-rate-} s10-cpu-vs-rate"
 if want 10; then
     bench_run s10-catch-up-write "catch-up log: $s10_msgs x 1 KiB" "$work/s10-store" \
         --messages "$s10_msgs" --body 1024 --queues 8
@@ -461,6 +463,11 @@ if want 10; then
         --queues 8 --producers 1 --outstanding 8 --rate 1000 --quiet >/dev/null 2>&1 || true
     remote_run s10-rate1k "node: 1,000 msg/s offered, 1 KiB" "127.0.0.1:$port" --follow-route \
         --duration "$secs" --body 1024 --queues 8 --producers 1 --outstanding 8 --rate 1000
+    # The same pace of requests the node answers without the store (a producer's
+    # HEART_BEAT): what any request costs the node at this rate, under the send's.
+    remote_run s10-heartbeat-1k "node: 1,000 heartbeats/s offered (no store work)" "127.0.0.1:$port" \
+        --follow-route --duration "$secs" --queues 8 --producers 1 --outstanding 8 --rate 1000 \
+        --request heartbeat
     # Issue 20's ratio: the node's single sends against the embedded put, three rounds
     # interleaved (the idle node waits while the embedded store runs), each side taken at
     # its median round: one run of either moved by a third between minutes of this shared
@@ -827,7 +834,8 @@ s10_result() {
         "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s;" \
         "idle $(fmt "$(j s10-idle '(.core_share // 0) * 100')" 2)% of a core; at 1,000 msg/s offered" \
         "$(fmt "$(j s10-rate1k '(.node_cpu_seconds // 0) * 100 / ([.seconds // 1, 0.001] | max)')" 1)% of a core," \
-        "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg (embedded through the handle: shard threads" \
+        "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg (a heartbeat at the same pace:" \
+        "$(fmt "$(j s10-heartbeat-1k '.node_cpu_us_per_message // 0')" 1) µs CPU/request, no store work; embedded through the handle: shard threads" \
         "$(fmt "$(j s10-handle-1k '(.shard_core_share // 0) * 100')" 1)% of a core, $(fmt "$(j s10-handle-1k '.shard_cpu_us_per_message // 0')" 1) µs/msg);" \
         "CPU/msg against offered msg/s (4 x 64):" \
         "$(jq -r '[.points[]? | "\(.offered_per_sec): \((.node_cpu_us_per_message // 0) * 10 | floor / 10)"] | join(", ")' "$detail/s10-cpu-vs-rate.json")" \
@@ -1002,6 +1010,7 @@ jq -n \
     --slurpfile s10b "$detail/s10-batch.json" \
     --slurpfile s10o "$detail/s10-one.json" --slurpfile s10p "$detail/s10-pull.json" \
     --slurpfile s10idle "$detail/s10-idle.json" --slurpfile s10r1k "$detail/s10-rate1k.json" \
+    --slurpfile s10hb "$detail/s10-heartbeat-1k.json" \
     --slurpfile s10curve "$detail/s10-cpu-vs-rate.json" \
     --slurpfile s11 "$detail/s11-latency-vs-load.json" \
     '{
@@ -1052,7 +1061,7 @@ jq -n \
                 embedded: $s10e[0], catch_up_write: $s10cw[0], catch_up: $s10c[0], echo: $s10echo[0],
                 echo_pipelined: $s10echop[0],
                 single: $s10s[0], single_binary: $s10sb[0], batch: $s10b[0], one_in_flight: $s10o[0], pull: $s10p[0],
-                idle: $s10idle[0], rate_1k: $s10r1k[0], cpu_vs_rate: $s10curve[0],
+                idle: $s10idle[0], rate_1k: $s10r1k[0], heartbeat_1k: $s10hb[0], cpu_vs_rate: $s10curve[0],
                 node_cpu_ratio_to_embedded_single: (($s10s[0].node_cpu_us_per_message // null)
                     | if . == null then null else . / ([$s10e[0].cpu_us_per_message // 0, 0.001] | max) end),
                 node_cpu_ratio_to_embedded_single_binary: (($s10sb[0].node_cpu_us_per_message // null)

@@ -1719,7 +1719,7 @@ fn index_settings_reach_the_store() {
 /// (`--target echo`) counts every round trip.
 #[test]
 fn load_generator_drives_the_node() {
-    use coremq::tools::loadgen::{BodySize, HeaderFormat, LoadConfig, remote};
+    use coremq::tools::loadgen::{BodySize, HeaderFormat, LoadConfig, RemoteRequest, remote};
     let dir = tempfile::tempdir().unwrap();
     let node = start(dir.path(), Network::Shards);
     let target = node.broker_addr.to_string();
@@ -1750,6 +1750,32 @@ fn load_generator_drives_the_node() {
         // Read back counts every message in the bench topics, earlier rounds too.
         assert_eq!(report["read_back"], stored, "{report}");
     }
+    // Heartbeats instead of sends: every one answered `SUCCESS` (a refused one counts
+    // as failed), and nothing is stored by them.
+    let cfg = LoadConfig {
+        messages: Some(300),
+        producers: 2,
+        outstanding: 4,
+        request: RemoteRequest::Heartbeat,
+        quiet: true,
+        ..LoadConfig::default()
+    };
+    let (report, good) = remote::run(&cfg, &target).unwrap();
+    assert!(good, "{report}");
+    assert_eq!(report["messages_acknowledged"], 300, "{report}");
+    assert_eq!(report["messages_failed"], 0, "{report}");
+    assert_eq!(report["request"], "heartbeat", "{report}");
+    let after = LoadConfig {
+        messages: Some(1),
+        topics: 2,
+        queues: 3,
+        consumers: true,
+        quiet: true,
+        ..LoadConfig::default()
+    };
+    let (report, _) = remote::run(&after, &target).unwrap();
+    assert_eq!(report["read_back"], stored + 1, "{report}");
+    assert!(remote::run(&cfg, "echo").is_err(), "heartbeats need a node");
     node.shutdown().unwrap();
     let cfg = LoadConfig {
         messages: Some(500),

@@ -217,6 +217,11 @@ pub struct LoadConfig {
     /// the node answers in the format asked in)
     #[arg(long, value_enum, default_value_t = HeaderFormat::Json)]
     pub header_format: HeaderFormat,
+    /// With --target: what each request is (`send`: a message; `heartbeat`: a client's
+    /// `HEART_BEAT`, which the node answers from its client tables without the store:
+    /// the node's cost per request under the send's)
+    #[arg(long, value_enum, default_value_t = RemoteRequest::Send)]
+    pub request: RemoteRequest,
     /// With --target: send as a RocketMQ client does, to the brokers the node's route
     /// names (with the node's `shard_listen`, each shard's own port): each producer
     /// opens a connection per broker and splits --outstanding over them
@@ -375,6 +380,16 @@ pub enum HeaderFormat {
     Rocketmq,
 }
 
+/// A remote run's request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RemoteRequest {
+    /// `SEND_MESSAGE_V2` (or `SEND_BATCH_MESSAGE` with --batch)
+    #[default]
+    Send,
+    /// `HEART_BEAT` of one producer group: a request without store work
+    Heartbeat,
+}
+
 /// The store's [`SyncFlushIo`], as a command-line value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SyncIo {
@@ -487,6 +502,9 @@ impl LoadConfig {
                         produce mode, no --consumers or --target)"
                     .into(),
             );
+        }
+        if self.request == RemoteRequest::Heartbeat && (self.batch > 1 || self.consumers) {
+            return Err("--request heartbeat sends no messages: no --batch or --consumers".into());
         }
         if self.body.min < BodySize::MIN {
             return Err(format!("bodies must be at least {} bytes", BodySize::MIN));

@@ -94,7 +94,7 @@ mod run;
 mod svg;
 mod timer;
 
-pub use config::{BodySize, Flush, HeaderFormat, LoadConfig, Mode, SyncIo, Via};
+pub use config::{BodySize, Flush, HeaderFormat, LoadConfig, Mode, RemoteRequest, SyncIo, Via};
 pub use measure::{allowed_cpus, now_ns};
 pub use report::{PERCENTILES, Report};
 pub use run::{run, run_and_report};

@@ -33,7 +33,7 @@ use crate::node::remoting::codes::*;
 use crate::node::remoting::encode::{FieldValue, FrameHead, encode_frame};
 use crate::node::remoting::scan::HeaderView;
 use crate::node::remoting::{self, HEADER_WORD, LENGTH_PREFIX, RemotingCommand, SerializeType};
-use crate::tools::loadgen::{HeaderFormat, LoadConfig};
+use crate::tools::loadgen::{HeaderFormat, LoadConfig, RemoteRequest};
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -198,6 +198,8 @@ struct Encoder {
     batch: u64,
     kind: SerializeType,
     props: String,
+    /// `--request heartbeat`: the `HEART_BEAT` body every request carries.
+    heartbeat: Option<Vec<u8>>,
     out: Vec<u8>,
 }
 
@@ -205,6 +207,19 @@ impl Encoder {
     /// Appends the request for messages `first..first + n` (one send, or one batch
     /// to the first message's queue); returns the body bytes.
     fn push(&mut self, cfg: &LoadConfig, opaque: i32, first: u64, n: u64) -> u64 {
+        if let Some(body) = &self.heartbeat {
+            let head = FrameHead {
+                code: HEART_BEAT,
+                flag: 0,
+                opaque,
+                serialize_type: self.kind,
+                remark: None,
+                fields: &[],
+            };
+            encode_frame(&mut self.out, &head, body.len());
+            self.out.extend_from_slice(body);
+            return 0;
+        }
         let (t, queue) = if self.dests.is_empty() {
             let (t, q) = destination(first, self.batch, self.topics.len() as u64, self.queues);
             (t, q as i64)
@@ -294,6 +309,16 @@ fn encoder(cfg: &LoadConfig, dests: &[(u64, i64)]) -> Encoder {
             HeaderFormat::Rocketmq => SerializeType::RocketMq,
         },
         props: String::new(),
+        heartbeat: (cfg.request == RemoteRequest::Heartbeat).then(|| {
+            // What a producer's heartbeat holds (`HeartbeatData`): its client id and group.
+            json!({
+                "clientID": "bench-client@127.0.0.1",
+                "producerDataSet": [{"groupName": "bench-producer"}],
+                "consumerDataSet": [],
+            })
+            .to_string()
+            .into_bytes()
+        }),
         out: Vec::with_capacity(MAX_BURST * (cfg.body.max + 512)),
     }
 }
@@ -528,6 +553,9 @@ fn code_and_opaque(frame: &[u8]) -> Option<(i32, i32)> {
 /// whether every message was acknowledged (and read back, with `--consumers`).
 pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
     let echo = target == "echo";
+    if echo && cfg.request == RemoteRequest::Heartbeat {
+        return Err("--request heartbeat needs a node (--target HOST:PORT)".into());
+    }
     let target = if echo { &echo_server()? } else { target };
     let mut admin = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
     for t in 0..if echo { 0 } else { cfg.topics.max(1) } {
@@ -647,6 +675,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         // The brokers sent to (`--follow-route`: the route's; else the target).
         "brokers": brokers.iter().map(|b| b.addr.clone()).collect::<Vec<_>>(),
         "header_format": format!("{:?}", cfg.header_format).to_lowercase(),
+        "request": format!("{:?}", cfg.request).to_lowercase(),
         "read_back": read,
         "read_back_seconds": read.map(|_| read_seconds),
         "read_back_per_sec": read.map(|n| n as f64 / read_seconds.max(1e-9)),
