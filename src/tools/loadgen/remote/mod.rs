@@ -9,7 +9,9 @@
 //! first (`UPDATE_AND_CREATE_TOPIC`) with `--queues` queues; messages go round robin
 //! over topics and queues. With `--consumers`, every queue is then read back with
 //! `PULL_MESSAGE` (32 per request, one pull in flight per queue) and the count checked
-//! (`read_back.rs`).
+//! (`read_back.rs`). `--request heartbeat` sends a producer's `HEART_BEAT` in place of
+//! each send (same pacing and windows; the node answers it from its client tables): what
+//! a request costs the node without the store, the floor under a send at the same rate.
 //!
 //! The client shares the machine with the node it measures, so it is lean (issue 20):
 //! requests are encoded straight into one reused buffer per producer
