@@ -218,8 +218,8 @@ pub struct LoadConfig {
     #[arg(long, value_enum, default_value_t = HeaderFormat::Json)]
     pub header_format: HeaderFormat,
     /// With --target: what each request is (`send`: a message; `heartbeat`: a client's
-    /// `HEART_BEAT`, which the node answers from its client tables without the store:
-    /// the node's cost per request under the send's)
+    /// `HEART_BEAT`, which the node answers from its client tables without the store: at
+    /// a light paced load, the node's cost of any request, the floor under a send's)
     #[arg(long, value_enum, default_value_t = RemoteRequest::Send)]
     pub request: RemoteRequest,
     /// With --target: send as a RocketMQ client does, to the brokers the node's route

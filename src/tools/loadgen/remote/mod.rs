@@ -11,7 +11,8 @@
 //! `PULL_MESSAGE` (32 per request, one pull in flight per queue) and the count checked
 //! (`read_back.rs`). `--request heartbeat` sends a producer's `HEART_BEAT` in place of
 //! each send (same pacing and windows; the node answers it from its client tables): what
-//! a request costs the node without the store, the floor under a send at the same rate.
+//! a request costs the node without the store, the floor under a send at a light paced
+//! rate (under load it costs more than a send: it goes through the general decoder).
 //!
 //! The client shares the machine with the node it measures, so it is lean (issue 20):
 //! requests are encoded straight into one reused buffer per producer
