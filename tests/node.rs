@@ -1776,6 +1776,21 @@ fn load_generator_drives_the_node() {
     let (report, _) = remote::run(&after, &target).unwrap();
     assert_eq!(report["read_back"], stored + 1, "{report}");
     assert!(remote::run(&cfg, "echo").is_err(), "heartbeats need a node");
+    for refused in [
+        LoadConfig {
+            batch: 4,
+            ..cfg.clone()
+        },
+        LoadConfig {
+            consumers: true,
+            ..cfg.clone()
+        },
+    ] {
+        assert!(
+            remote::run(&refused, &target).is_err(),
+            "heartbeats carry no messages"
+        );
+    }
     node.shutdown().unwrap();
     let cfg = LoadConfig {
         messages: Some(500),

@@ -503,9 +503,6 @@ impl LoadConfig {
                     .into(),
             );
         }
-        if self.request == RemoteRequest::Heartbeat && (self.batch > 1 || self.consumers) {
-            return Err("--request heartbeat sends no messages: no --batch or --consumers".into());
-        }
         if self.body.min < BodySize::MIN {
             return Err(format!("bodies must be at least {} bytes", BodySize::MIN));
         }

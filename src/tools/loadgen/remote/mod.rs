@@ -556,8 +556,12 @@ fn code_and_opaque(frame: &[u8]) -> Option<(i32, i32)> {
 /// whether every message was acknowledged (and read back, with `--consumers`).
 pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
     let echo = target == "echo";
-    if echo && cfg.request == RemoteRequest::Heartbeat {
-        return Err("--request heartbeat needs a node (--target HOST:PORT)".into());
+    if cfg.request == RemoteRequest::Heartbeat && (echo || cfg.batch > 1 || cfg.consumers) {
+        return Err(
+            "--request heartbeat needs a node (--target HOST:PORT) and sends no messages \
+             (no --batch, no --consumers)"
+                .into(),
+        );
     }
     let target = if echo { &echo_server()? } else { target };
     let mut admin = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
