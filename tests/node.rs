@@ -1803,6 +1803,42 @@ fn load_generator_drives_the_node() {
     assert_eq!(report["messages_acknowledged"], 500, "{report}");
 }
 
+/// A node that goes away in the middle of a pipelined run: the load generator's
+/// producers (one thread over their connections, `remote/pipelined.rs`) end promptly
+/// instead of waiting out the run and the 30 s drain for answers that cannot come,
+/// and count the sends they had in flight as failed, not acknowledged.
+#[test]
+fn a_pipelined_run_ends_when_its_node_goes_away() {
+    use coremq::tools::loadgen::{LoadConfig, remote};
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), Network::Shards);
+    let target = node.broker_addr.to_string();
+    let cfg = LoadConfig {
+        duration: 20.0,
+        producers: 2,
+        outstanding: 16,
+        queues: 4,
+        quiet: true,
+        ..LoadConfig::default()
+    };
+    let run = std::thread::spawn(move || remote::run(&cfg, &target));
+    std::thread::sleep(Duration::from_millis(1500));
+    let stopped = Instant::now();
+    node.shutdown().unwrap();
+    let (report, good) = run.join().unwrap().unwrap();
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "the run went on {:?} after its node stopped: {report}",
+        stopped.elapsed()
+    );
+    assert!(!good, "{report}");
+    assert!(
+        report["messages_acknowledged"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert!(report["messages_failed"].as_u64().unwrap() > 0, "{report}");
+}
+
 /// The remote load generator's paced sends (`--rate`) go out when each is due: a
 /// burst of pipelined requests is written as soon as the next one is not yet due.
 /// It used to sleep for every later request of a burst before writing it, so each

@@ -1,11 +1,13 @@
 //! `coremq bench --target host:port`: drives a running node through RocketMQ's
 //! remoting protocol (the same load-generator arguments as the embedded bench).
 //!
-//! Each producer is one connection with a writer thread and a reader thread (one
-//! thread doing both with `--outstanding 1`): the writer keeps up to `--outstanding`
+//! Each producer is one thread over its connections (one, or one per broker with
+//! `--follow-route`), on non-blocking sockets (`pipelined.rs`; a plain blocking
+//! write-then-read with `--outstanding 1`): it keeps up to `--outstanding`
 //! `SEND_MESSAGE_V2` requests in flight (with
-//! `--batch N`, `SEND_BATCH_MESSAGE` requests of N messages to one queue), the reader
-//! matches responses by opaque and records the round-trip latency. Topics are created
+//! `--batch N`, `SEND_BATCH_MESSAGE` requests of N messages to one queue), matches
+//! responses by opaque and records the round-trip latency; `--outstanding` is split
+//! over a producer's connections. Topics are created
 //! first (`UPDATE_AND_CREATE_TOPIC`) with `--queues` queues; messages go round robin
 //! over topics and queues. With `--consumers`, every queue is then read back with
 //! `PULL_MESSAGE` (32 per request, one pull in flight per queue) and the count checked
@@ -47,6 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod echo;
+mod pipelined;
 mod read_back;
 mod route;
 
@@ -147,15 +150,40 @@ impl Shared {
         Some(self.started + Duration::from_secs_f64(i as f64 / rate))
     }
 
-    /// With `--rate`: whether the next message number is not yet due (another
-    /// producer may take it first; then `take` waits at most for the one after).
-    fn next_not_due(&self) -> bool {
-        self.due(self.next.load(Ordering::Relaxed))
-            .is_some_and(|due| due > Instant::now())
+    /// Without waiting: the next `n` message numbers if the first is due
+    /// ([`Next::Send`]), else when it will be, or that the run is over.
+    fn take_due(&self, n: u64) -> Next {
+        let now = Instant::now();
+        if self.stop.load(Ordering::Relaxed) || now >= self.deadline {
+            return Next::Done;
+        }
+        let mut i = self.next.load(Ordering::Relaxed);
+        loop {
+            if let Some(due) = self.due(i) {
+                if due >= self.deadline {
+                    return Next::Done;
+                }
+                if due > now {
+                    return Next::At(due);
+                }
+            }
+            match self
+                .next
+                .compare_exchange_weak(i, i + n, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(seen) => i = seen,
+            }
+        }
+        match self.limit {
+            Some(limit) if i >= limit => Next::Done,
+            Some(limit) => Next::Send(i, n.min(limit - i)),
+            None => Next::Send(i, n),
+        }
     }
 
     /// The first of the next `n` message numbers and how many of them to send, or
-    /// `None` when done.
+    /// `None` when done (sleeping until the first is due, with `--rate`).
     fn take(&self, n: u64) -> Option<(u64, u64)> {
         if self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
             return None;
@@ -176,6 +204,16 @@ impl Shared {
             None => Some((i, n)),
         }
     }
+}
+
+/// What [`Shared::take_due`] gives a producer.
+enum Next {
+    /// Send messages `first..first + n`.
+    Send(u64, u64),
+    /// The next message is due then (`--rate`).
+    At(Instant),
+    /// The run is over.
+    Done,
 }
 
 /// The topic (index) and queue of the send whose first message is number `first`:
@@ -296,9 +334,6 @@ impl Encoder {
     }
 }
 
-/// Requests in flight: opaque -> (sent at, messages).
-type InFlight = Mutex<HashMap<i32, (Instant, u64)>>;
-
 fn encoder(cfg: &LoadConfig, dests: &[(u64, i64)]) -> Encoder {
     Encoder {
         topics: (0..cfg.topics.max(1)).map(topic_name).collect(),
@@ -339,7 +374,7 @@ fn producer_one(
         .into_iter()
         .map(|(s, dests)| (s, encoder(cfg, dests), Responses::new()))
         .collect();
-    let sent: InFlight = Mutex::new(HashMap::with_capacity(2));
+    let mut sent = HashMap::with_capacity(2);
     let mut hist = Histogram::<u64>::new(3).expect("histogram");
     let mut seq: i32 = 0;
     let batch = cfg.batch.max(1) as u64;
@@ -350,9 +385,7 @@ fn producer_one(
         enc.out.clear();
         // Each connection's encoder takes its own queues in turn.
         let bytes = enc.push(cfg, seq, first, n);
-        sent.lock()
-            .expect("sent map")
-            .insert(seq, (Instant::now(), n));
+        sent.insert(seq, (Instant::now(), n));
         if s.write_all(&enc.out).is_err() {
             sh.failed.fetch_add(n, Ordering::Relaxed);
             break;
@@ -364,7 +397,7 @@ fn producer_one(
                 let _ = sh.hist.lock().expect("histogram").add(&hist);
                 return Ok(());
             };
-            if settle(&sent, sh, &mut hist, code, opaque) {
+            if settle(&mut sent, sh, &mut hist, code, opaque) {
                 break;
             }
         }
@@ -380,80 +413,6 @@ fn connect(target: &str) -> Result<TcpStream, String> {
     let s = TcpStream::connect(target).map_err(|e| format!("connect {target}: {e}"))?;
     let _ = s.set_nodelay(true);
     Ok(s)
-}
-
-/// A producer with more than one request in flight on its connection to `target`
-/// (`dests`: that broker's queues with `--follow-route`).
-fn producer(
-    cfg: &LoadConfig,
-    target: &str,
-    sh: &Arc<Shared>,
-    dests: &[(u64, i64)],
-) -> Result<(), String> {
-    let s = connect(target)?;
-    let reader = s.try_clone().map_err(|e| e.to_string())?;
-    let outstanding = cfg.outstanding as usize;
-    let (tokens_tx, tokens_rx) = flume::bounded::<()>(outstanding);
-    let sent: Arc<InFlight> = Arc::new(Mutex::new(HashMap::with_capacity(outstanding * 2)));
-    let sent2 = sent.clone();
-    let sh2 = sh.clone();
-    let reader_thread = std::thread::spawn(move || {
-        let mut local = Histogram::<u64>::new(3).expect("histogram");
-        read_responses(reader, &sent2, &sh2, &tokens_rx, &mut local);
-        let _ = sh2.hist.lock().expect("histogram").add(&local);
-    });
-    let mut w = s;
-    let mut enc = encoder(cfg, dests);
-    let mut seq: i32 = 0;
-    let mut done = false;
-    while !done {
-        enc.out.clear();
-        let mut bytes = 0;
-        let mut burst = 0;
-        while burst < MAX_BURST {
-            // A paced send due later ends the burst: the ones taken go out now, not
-            // after `take` slept for it (which charged each request of a burst the
-            // sleeps for the ones after it: ~outstanding / (2 x rate) at p50).
-            if burst > 0 && sh.next_not_due() {
-                break;
-            }
-            // Wait for a free slot for the first request; take only free ones after.
-            let slot = if burst == 0 {
-                tokens_tx.send(()).is_ok()
-            } else {
-                tokens_tx.try_send(()).is_ok()
-            };
-            if !slot {
-                break;
-            }
-            let Some((first, n)) = sh.take(enc.batch) else {
-                done = true;
-                break;
-            };
-            seq = seq.wrapping_add(1) & i32::MAX;
-            bytes += enc.push(cfg, seq, first, n);
-            sent.lock()
-                .expect("sent map")
-                .insert(seq, (Instant::now(), n));
-            burst += 1;
-        }
-        if burst == 0 {
-            break;
-        }
-        if w.write_all(&enc.out).is_err() {
-            sh.failed.fetch_add(burst as u64, Ordering::Relaxed);
-            break;
-        }
-        sh.bytes.fetch_add(bytes, Ordering::Relaxed);
-    }
-    // Wait for the responses still in flight.
-    let drain = Instant::now() + Duration::from_secs(30);
-    while !sent.lock().expect("sent map").is_empty() && Instant::now() < drain {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let _ = w.shutdown(std::net::Shutdown::Both);
-    let _ = reader_thread.join();
-    Ok(())
 }
 
 /// Responses read into one reused buffer: every whole frame of a read, its code and
@@ -479,39 +438,68 @@ impl Responses {
         code_and_opaque(self.next_frame(r)?)
     }
 
-    /// The next response frame (the bytes after its length prefix); `None` when the
-    /// connection ends or sends a malformed length.
+    /// The next response frame (the bytes after its length prefix), reading as
+    /// needed; `None` when the connection ends or sends a malformed length.
     fn next_frame(&mut self, r: &mut TcpStream) -> Option<&[u8]> {
         loop {
-            if let Some(prefix) = self.buf[self.start..self.filled].first_chunk::<4>() {
-                let whole = LENGTH_PREFIX + remoting::check_length(*prefix, MAX_RESPONSE).ok()?;
-                if self.filled - self.start >= whole {
-                    let at = self.start;
-                    self.start += whole;
-                    return Some(&self.buf[at + LENGTH_PREFIX..at + whole]);
-                }
-                if whole > self.buf.len() {
-                    self.buf.resize(whole, 0);
-                }
-            }
-            // Keep the partial frame, at the front when the buffer's end is near.
-            if self.start == self.filled {
-                (self.start, self.filled) = (0, 0);
-            } else if self.buf.len() - self.filled < READ_BUF / 4 || self.filled == self.buf.len() {
-                self.buf.copy_within(self.start..self.filled, 0);
-                (self.start, self.filled) = (0, self.filled - self.start);
-            }
-            match r.read(&mut self.buf[self.filled..]) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.filled += n,
+            match self.frame_at() {
+                Err(()) => return None,
+                Ok(Some((at, end))) => return Some(&self.buf[at..end]),
+                Ok(None) => match self.fill(r) {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {}
+                },
             }
         }
+    }
+
+    /// The next whole frame already read, without reading; `Err` for a malformed length.
+    fn frame(&mut self) -> Result<Option<&[u8]>, ()> {
+        Ok(self.frame_at()?.map(|(at, end)| &self.buf[at..end]))
+    }
+
+    /// Where the next whole frame already read lies (past its length prefix), taken.
+    fn frame_at(&mut self) -> Result<Option<(usize, usize)>, ()> {
+        let Some(prefix) = self.buf[self.start..self.filled].first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let whole =
+            LENGTH_PREFIX + remoting::check_length(*prefix, MAX_RESPONSE).map_err(|_| ())?;
+        if self.filled - self.start >= whole {
+            let at = self.start;
+            self.start += whole;
+            return Ok(Some((at + LENGTH_PREFIX, at + whole)));
+        }
+        if whole > self.buf.len() {
+            self.buf.resize(whole, 0);
+        }
+        Ok(None)
+    }
+
+    /// One read into the buffer (a partial frame kept, at the front when the
+    /// buffer's end is near); the bytes read, 0 at the connection's end.
+    fn fill(&mut self, r: &mut TcpStream) -> std::io::Result<usize> {
+        if self.start == self.filled {
+            (self.start, self.filled) = (0, 0);
+        } else if self.buf.len() - self.filled < READ_BUF / 4 || self.filled == self.buf.len() {
+            self.buf.copy_within(self.start..self.filled, 0);
+            (self.start, self.filled) = (0, self.filled - self.start);
+        }
+        let n = r.read(&mut self.buf[self.filled..])?;
+        self.filled += n;
+        Ok(n)
     }
 }
 
 /// Counts a response to a request in `sent`; whether it was one.
-fn settle(sent: &InFlight, sh: &Shared, hist: &mut Histogram<u64>, code: i32, opaque: i32) -> bool {
-    let Some((t0, n)) = sent.lock().expect("sent map").remove(&opaque) else {
+fn settle(
+    sent: &mut HashMap<i32, (Instant, u64)>,
+    sh: &Shared,
+    hist: &mut Histogram<u64>,
+    code: i32,
+    opaque: i32,
+) -> bool {
+    let Some((t0, n)) = sent.remove(&opaque) else {
         return false;
     };
     let _ = hist.record(t0.elapsed().as_micros() as u64);
@@ -521,22 +509,6 @@ fn settle(sent: &InFlight, sh: &Shared, hist: &mut Histogram<u64>, code: i32, op
         sh.failed.fetch_add(n, Ordering::Relaxed);
     }
     true
-}
-
-/// Reads responses until the connection ends, freeing an in-flight slot for each.
-fn read_responses(
-    mut r: TcpStream,
-    sent: &InFlight,
-    sh: &Shared,
-    tokens: &flume::Receiver<()>,
-    hist: &mut Histogram<u64>,
-) {
-    let mut responses = Responses::new();
-    while let Some((code, opaque)) = responses.next(&mut r) {
-        if settle(sent, sh, hist, code, opaque) {
-            let _ = tokens.try_recv();
-        }
-    }
 }
 
 /// A response's code and opaque (the bytes after its length prefix), read in place;
@@ -589,9 +561,6 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
             dests: Vec::new(),
         }]
     };
-    // Each producer's in-flight window, split over its connections.
-    let mut per_conn = cfg.clone();
-    per_conn.outstanding = (cfg.outstanding / brokers.len() as u32).max(1);
     let started = Instant::now();
     let cpu_before = crate::stats::process::process_cpu_seconds();
     let sh = Arc::new(Shared {
@@ -627,14 +596,12 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
             })
             .collect()
     } else {
+        // One thread per producer drives its connections (`pipelined.rs`).
+        let window = (cfg.outstanding as usize / brokers.len()).max(1);
         (0..cfg.producers.max(1))
-            .flat_map(|_| 0..brokers.len())
-            .map(|b| {
-                let (cfg, brokers, sh) = (per_conn.clone(), brokers.clone(), sh.clone());
-                std::thread::spawn(move || {
-                    let b = &brokers[b];
-                    producer(&cfg, &b.addr, &sh, &b.dests)
-                })
+            .map(|_| {
+                let (cfg, brokers, sh) = (cfg.clone(), brokers.clone(), sh.clone());
+                std::thread::spawn(move || pipelined::producer(&cfg, &brokers, window, &sh))
             })
             .collect()
     };
