@@ -44,7 +44,7 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -131,7 +131,6 @@ struct Shared {
     next: AtomicU64,
     limit: Option<u64>,
     deadline: Instant,
-    stop: AtomicBool,
     ok: AtomicU64,
     failed: AtomicU64,
     bytes: AtomicU64,
@@ -154,7 +153,7 @@ impl Shared {
     /// ([`Next::Send`]), else when it will be, or that the run is over.
     fn take_due(&self, n: u64) -> Next {
         let now = Instant::now();
-        if self.stop.load(Ordering::Relaxed) || now >= self.deadline {
+        if now >= self.deadline {
             return Next::Done;
         }
         let mut i = self.next.load(Ordering::Relaxed);
@@ -183,25 +182,14 @@ impl Shared {
     }
 
     /// The first of the next `n` message numbers and how many of them to send, or
-    /// `None` when done (sleeping until the first is due, with `--rate`).
+    /// `None` when done: [`Shared::take_due`], sleeping until the next is due.
     fn take(&self, n: u64) -> Option<(u64, u64)> {
-        if self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
-            return None;
-        }
-        let i = self.next.fetch_add(n, Ordering::Relaxed);
-        if let Some(due) = self.due(i) {
-            if due >= self.deadline {
-                return None;
+        loop {
+            match self.take_due(n) {
+                Next::Send(first, n) => return Some((first, n)),
+                Next::At(due) => std::thread::sleep(due.saturating_duration_since(Instant::now())),
+                Next::Done => return None,
             }
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-        }
-        match self.limit {
-            Some(limit) if i >= limit => None,
-            Some(limit) => Some((i, n.min(limit - i))),
-            None => Some((i, n)),
         }
     }
 }
@@ -571,7 +559,6 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         } else {
             started + Duration::from_secs_f64(cfg.duration.max(0.0))
         },
-        stop: AtomicBool::new(false),
         ok: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
