@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// The echo server's connection threads: how many still run, and the CPU (user and
-/// system seconds, `RUSAGE_THREAD`) of those that ended. One side of a bare loopback
+/// system seconds, `CLOCK_THREAD_CPUTIME_ID`) of those that ended. One side of a bare loopback
 /// round trip: the floor a node's CPU per message at one in flight is compared with.
 static ECHO_CPU: (Mutex<(usize, f64)>, std::sync::Condvar) =
     (Mutex::new((0, 0.0)), std::sync::Condvar::new());
