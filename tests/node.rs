@@ -1839,6 +1839,42 @@ fn a_pipelined_run_ends_when_its_node_goes_away() {
     assert!(report["messages_failed"].as_u64().unwrap() > 0, "{report}");
 }
 
+/// The remote load generator's pipelined producers dealt over fewer threads
+/// (`--client-threads`): every producer still opens its own connection and sends its
+/// share, five producers over two threads (three and two) as over five.
+#[test]
+fn pipelined_producers_share_their_client_threads() {
+    use coremq::tools::loadgen::{LoadConfig, remote};
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), Network::Shards);
+    let target = node.broker_addr.to_string();
+    let mut opened_by = Vec::new();
+    for threads in [2, 5] {
+        let accepted = metric(&node, "coremq_connections_accepted_total");
+        let cfg = LoadConfig {
+            messages: Some(3000),
+            producers: 5,
+            client_threads: Some(threads),
+            outstanding: 8,
+            queues: 4,
+            quiet: true,
+            ..LoadConfig::default()
+        };
+        let (report, good) = remote::run(&cfg, &target).unwrap();
+        assert!(good, "{report}");
+        assert_eq!(report["messages_acknowledged"], 3000, "{report}");
+        assert_eq!(report["messages_failed"], 0, "{report}");
+        assert_eq!(report["client_threads"], threads, "{report}");
+        let opened = metric(&node, "coremq_connections_accepted_total") - accepted;
+        assert!(opened > 5, "{opened} connections for 5 producers: {report}");
+        opened_by.push(opened);
+    }
+    // The same connections whatever the threads (an admin connection and one per
+    // producer here, a node without shard ports).
+    assert_eq!(opened_by[0], opened_by[1], "{opened_by:?}");
+    node.shutdown().unwrap();
+}
+
 /// The remote load generator's paced sends (`--rate`) go out when each is due: a
 /// burst of pipelined requests is written as soon as the next one is not yet due.
 /// It used to sleep for every later request of a burst before writing it, so each

@@ -227,6 +227,12 @@ pub struct LoadConfig {
     /// opens a connection per broker and splits --outstanding over them
     #[arg(long)]
     pub follow_route: bool,
+    /// With --target and --outstanding above 1: the threads that drive the producers'
+    /// connections, each a share of the producers (as a RocketMQ client's one Netty
+    /// event loop serves all its producers); default one per CPU this process may use,
+    /// at most one per producer
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub client_threads: Option<u32>,
     /// What to do: produce, work on the store a produce run kept in --data-dir, or
     /// (timer) measure timed messages on a fresh store
     #[arg(long, value_enum, default_value_t = Mode::Produce)]
@@ -470,6 +476,16 @@ impl LoadConfig {
         self.shards
             .map(|s| s as usize)
             .unwrap_or_else(|| allowed_cpus().len().max(1))
+    }
+
+    /// Threads driving a remote run's pipelined producers: `--client-threads`, or one
+    /// per CPU this process may use; never more than the producers.
+    pub fn client_thread_count(&self) -> usize {
+        let producers = self.producers.max(1) as usize;
+        self.client_threads
+            .map(|t| t as usize)
+            .unwrap_or_else(|| allowed_cpus().len().max(1))
+            .clamp(1, producers)
     }
 
     pub(super) fn validate(&self) -> Result<(), String> {

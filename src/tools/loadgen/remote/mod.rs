@@ -1,9 +1,10 @@
 //! `coremq bench --target host:port`: drives a running node through RocketMQ's
 //! remoting protocol (the same load-generator arguments as the embedded bench).
 //!
-//! Each producer is one thread over its connections (one, or one per broker with
-//! `--follow-route`), on non-blocking sockets (`pipelined.rs`; a plain blocking
-//! write-then-read with `--outstanding 1`): it keeps up to `--outstanding`
+//! Each producer has its own connections (one, or one per broker with
+//! `--follow-route`); a thread per CPU drives a share of the producers on non-blocking
+//! sockets (`pipelined.rs`, `--client-threads`; a thread per producer with a plain
+//! blocking write-then-read with `--outstanding 1`). A producer keeps up to `--outstanding`
 //! `SEND_MESSAGE_V2` requests in flight (with
 //! `--batch N`, `SEND_BATCH_MESSAGE` requests of N messages to one queue), matches
 //! responses by opaque and records the round-trip latency; `--outstanding` is split
@@ -583,12 +584,16 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
             })
             .collect()
     } else {
-        // One thread per producer drives its connections (`pipelined.rs`).
+        // A few threads drive all the producers' connections (`pipelined.rs`).
         let window = (cfg.outstanding as usize / brokers.len()).max(1);
-        (0..cfg.producers.max(1))
-            .map(|_| {
+        let threads = cfg.client_thread_count();
+        let producers = cfg.producers.max(1) as usize;
+        (0..threads)
+            .map(|t| {
+                // Producers dealt out as evenly as they go.
+                let mine = producers / threads + usize::from(t < producers % threads);
                 let (cfg, brokers, sh) = (cfg.clone(), brokers.clone(), sh.clone());
-                std::thread::spawn(move || pipelined::producer(&cfg, &brokers, window, &sh))
+                std::thread::spawn(move || pipelined::producers(&cfg, &brokers, mine, window, &sh))
             })
             .collect()
     };
@@ -633,6 +638,7 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
         "batch": cfg.batch,
         "outstanding": cfg.outstanding,
         "producers": cfg.producers,
+        "client_threads": (cfg.outstanding > 1).then(|| cfg.client_thread_count()),
         // The brokers sent to (`--follow-route`: the route's; else the target).
         "brokers": brokers.iter().map(|b| b.addr.clone()).collect::<Vec<_>>(),
         "header_format": format!("{:?}", cfg.header_format).to_lowercase(),

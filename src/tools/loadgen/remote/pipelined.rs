@@ -1,14 +1,19 @@
-//! A producer with more than one request in flight: one thread drives all of its
-//! connections (one per broker with `--follow-route`) on non-blocking sockets, waiting
-//! in `ppoll(2)` for answers, room to write, or the next paced send.
+//! Producers with more than one request in flight: a thread drives the connections of
+//! a share of the producers (each producer its own connection to each broker, one per
+//! broker with `--follow-route`) on non-blocking sockets, waiting in `ppoll(2)` for
+//! answers, room to write, or the next paced send. Threads: one per CPU this process
+//! may use (`--client-threads`), as a RocketMQ client's one Netty event loop serves all
+//! its producers' connections.
 //!
-//! Why one thread and not a writer and a reader thread per connection: the client
-//! shares the machine's two cores with the node it measures, and each of its threads
-//! competes with the shards for them and wakes through a futex or a socket. Under 4 x 64
-//! single sends with `--follow-route` (16 threads before, 4 now): 15-27% more sends a
-//! second (binary headers 697-711 k against 561-602 k, three pairs) and a third less
-//! client CPU per send; the node's CPU per send the same (its `sendmsg` wakes a waiting
-//! client either way).
+//! Why so few threads: the client shares the machine's two cores with the node it
+//! measures, and each of its threads competes with the shards for them and wakes
+//! through a socket. Under 4 x 64 single sends with `--follow-route`: a writer and a
+//! reader thread per connection (16) -> one thread per producer (4) gave 15-27% more
+//! sends a second (binary headers 697-711 k against 561-602 k, three pairs) and a third
+//! less client CPU per send, the node's CPU per send the same; 4 -> 2 threads, 4-7% more
+//! sends a second and 3-6% less node CPU per send (binary 1.97-2.08 -> 1.86-1.95 us,
+//! JSON 2.43-2.47 -> 2.31-2.37, three pairs each): fewer of the node's answers find a
+//! client thread asleep.
 
 use super::{Encoder, MAX_BURST, Next, Responses, Shared, code_and_opaque, encoder, settle};
 use crate::tools::loadgen::LoadConfig;
@@ -67,16 +72,18 @@ impl Conn {
     }
 }
 
-/// Runs one producer over `brokers` (one connection each, `window` (at least 1)
-/// requests in flight on each) until the run ends and its answers are in.
-pub(super) fn producer(
+/// Runs `producers` producers over `brokers` (each its own connection to each broker,
+/// `window` (at least 1) requests in flight on each) on this thread, until the run
+/// ends and their answers are in.
+pub(super) fn producers(
     cfg: &LoadConfig,
     brokers: &[Broker],
+    producers: usize,
     window: usize,
     sh: &Shared,
 ) -> Result<(), String> {
-    let mut conns = Vec::with_capacity(brokers.len());
-    for b in brokers {
+    let mut conns = Vec::with_capacity(producers * brokers.len());
+    for b in (0..producers).flat_map(|_| brokers) {
         let s = super::connect(&b.addr)?;
         s.set_nonblocking(true)
             .map_err(|e| format!("{}: non-blocking: {e}", b.addr))?;
