@@ -1839,9 +1839,9 @@ fn a_pipelined_run_ends_when_its_node_goes_away() {
     assert!(report["messages_failed"].as_u64().unwrap() > 0, "{report}");
 }
 
-/// The remote load generator's pipelined producers dealt over fewer threads
-/// (`--client-threads`): every producer still opens its own connection and sends its
-/// share, five producers over two threads (three and two) as over five.
+/// The remote load generator's pipelined producers' connections dealt over fewer
+/// threads (`--client-threads`): every producer still opens its own connection and
+/// sends its share, five producers over two threads (two and three) as over five.
 #[test]
 fn pipelined_producers_share_their_client_threads() {
     use coremq::tools::loadgen::{LoadConfig, remote};

@@ -228,9 +228,9 @@ pub struct LoadConfig {
     #[arg(long)]
     pub follow_route: bool,
     /// With --target and --outstanding above 1: the threads that drive the producers'
-    /// connections, each a share of the producers (as a RocketMQ client's one Netty
-    /// event loop serves all its producers); default one per CPU this process may use,
-    /// at most one per producer
+    /// connections, dealt to them by broker (as a RocketMQ client's one Netty event
+    /// loop serves all its producers); default one per CPU this process may use, at
+    /// most one per producer
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub client_threads: Option<u32>,
     /// What to do: produce, work on the store a produce run kept in --data-dir, or

@@ -2,9 +2,10 @@
 //! remoting protocol (the same load-generator arguments as the embedded bench).
 //!
 //! Each producer has its own connections (one, or one per broker with
-//! `--follow-route`); a thread per CPU drives a share of the producers on non-blocking
-//! sockets (`pipelined.rs`, `--client-threads`; a thread per producer with a plain
-//! blocking write-then-read with `--outstanding 1`). A producer keeps up to `--outstanding`
+//! `--follow-route`); a thread per CPU drives a share of the connections, dealt by
+//! broker, on non-blocking sockets (`pipelined.rs`, `--client-threads`; a thread per
+//! producer with a plain blocking write-then-read with `--outstanding 1`). A producer
+//! keeps up to `--outstanding`
 //! `SEND_MESSAGE_V2` requests in flight (with
 //! `--batch N`, `SEND_BATCH_MESSAGE` requests of N messages to one queue), matches
 //! responses by opaque and records the round-trip latency; `--outstanding` is split
@@ -584,16 +585,22 @@ pub fn run(cfg: &LoadConfig, target: &str) -> Result<(Value, bool), String> {
             })
             .collect()
     } else {
-        // A few threads drive all the producers' connections (`pipelined.rs`).
+        // A few threads drive all the producers' connections, dealt by broker
+        // (`pipelined.rs`).
         let window = (cfg.outstanding as usize / brokers.len()).max(1);
-        let threads = cfg.client_thread_count();
-        let producers = cfg.producers.max(1) as usize;
-        (0..threads)
-            .map(|t| {
-                // Producers dealt out as evenly as they go.
-                let mine = producers / threads + usize::from(t < producers % threads);
+        let dealt = pipelined::deal(
+            brokers.len(),
+            cfg.producers.max(1) as usize,
+            cfg.client_thread_count(),
+        );
+        dealt
+            .into_iter()
+            .map(|mine| {
                 let (cfg, brokers, sh) = (cfg.clone(), brokers.clone(), sh.clone());
-                std::thread::spawn(move || pipelined::producers(&cfg, &brokers, mine, window, &sh))
+                std::thread::spawn(move || {
+                    let mine: Vec<&Broker> = mine.iter().map(|&b| &brokers[b]).collect();
+                    pipelined::connections(&cfg, &mine, window, &sh)
+                })
             })
             .collect()
     };

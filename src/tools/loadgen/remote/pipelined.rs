@@ -1,19 +1,24 @@
-//! Producers with more than one request in flight: a thread drives the connections of
-//! a share of the producers (each producer its own connection to each broker, one per
-//! broker with `--follow-route`) on non-blocking sockets, waiting in `ppoll(2)` for
-//! answers, room to write, or the next paced send. Threads: one per CPU this process
-//! may use (`--client-threads`), as a RocketMQ client's one Netty event loop serves all
-//! its producers' connections.
+//! Producers with more than one request in flight: each producer has its own
+//! connection to each broker (one broker, or one per shard with `--follow-route`), and
+//! a few threads (one per CPU this process may use, `--client-threads`) drive all the
+//! connections on non-blocking sockets, waiting in `ppoll(2)` for answers, room to
+//! write, or the next paced send. The connections are dealt to the threads by broker
+//! ([`deal`]): a thread serves as few brokers as it can.
 //!
-//! Why so few threads: the client shares the machine's two cores with the node it
-//! measures, and each of its threads competes with the shards for them and wakes
-//! through a socket. Under 4 x 64 single sends with `--follow-route`: a writer and a
-//! reader thread per connection (16) -> one thread per producer (4) gave 15-27% more
-//! sends a second (binary headers 697-711 k against 561-602 k, three pairs) and a third
-//! less client CPU per send, the node's CPU per send the same; 4 -> 2 threads, 4-7% more
-//! sends a second and 3-6% less node CPU per send (binary 1.97-2.08 -> 1.86-1.95 us,
-//! JSON 2.43-2.47 -> 2.31-2.37, three pairs each): fewer of the node's answers find a
-//! client thread asleep.
+//! Why: the client shares the machine's two cores with the node it measures, and each
+//! of its threads competes with the shards for them and is woken by the node's answers,
+//! a wake that the node's `sendmsg` pays for (on this nested VM a wake across CPUs is
+//! the dearest part of it). Under 4 x 64 single sends with `--follow-route`, interleaved
+//! pairs on one node binary (the node's `/proc` CPU over 6 s):
+//! * a writer and a reader thread per connection (16) -> a thread per producer over its
+//!   connections (4): 15-27% more sends a second (binary 697-711 k against 561-602 k) and
+//!   a third less client CPU a send, the node's CPU a send the same;
+//! * -> two threads, each a broker's connections: the node 1.89-2.02 -> 1.65-1.71 us a
+//!   binary send (2.28-2.48 -> 2.02-2.09 JSON), its system time 0.55-0.60 -> 0.24-0.29
+//!   us, 13-20% more sends a second, the client's CPU a send 25-30% lower (three pairs).
+//!   A thread woken by one shard only is woken where that shard runs (pinning the threads
+//!   to the shards' CPUs as well changed nothing); dealt by producer instead (each thread
+//!   both brokers' connections), the node 2.31-2.37 us a JSON send.
 
 use super::{Encoder, MAX_BURST, Next, Responses, Shared, code_and_opaque, encoder, settle};
 use crate::tools::loadgen::LoadConfig;
@@ -72,18 +77,30 @@ impl Conn {
     }
 }
 
-/// Runs `producers` producers over `brokers` (each its own connection to each broker,
-/// `window` (at least 1) requests in flight on each) on this thread, until the run
-/// ends and their answers are in.
-pub(super) fn producers(
+/// The connections of `producers` producers to each of `brokers` brokers dealt over
+/// `threads` threads: for each thread, the broker of each of its connections. Dealt in
+/// broker order, in runs as even as they go, so a thread serves as few brokers as it
+/// can (one each when there are as many brokers as threads).
+pub(super) fn deal(brokers: usize, producers: usize, threads: usize) -> Vec<Vec<usize>> {
+    let total = brokers * producers;
+    let threads = threads.clamp(1, total.max(1));
+    (0..threads)
+        .map(|t| (t * total / threads..(t + 1) * total / threads).map(|i| i / producers))
+        .map(|run| run.collect())
+        .collect()
+}
+
+/// Runs one connection to each of `brokers` (its producers' connections, from
+/// [`deal`]; `window` (at least 1) requests in flight on each) on this thread, until
+/// the run ends and their answers are in.
+pub(super) fn connections(
     cfg: &LoadConfig,
-    brokers: &[Broker],
-    producers: usize,
+    brokers: &[&Broker],
     window: usize,
     sh: &Shared,
 ) -> Result<(), String> {
-    let mut conns = Vec::with_capacity(producers * brokers.len());
-    for b in (0..producers).flat_map(|_| brokers) {
+    let mut conns = Vec::with_capacity(brokers.len());
+    for b in brokers {
         let s = super::connect(&b.addr)?;
         s.set_nonblocking(true)
             .map_err(|e| format!("{}: non-blocking: {e}", b.addr))?;
@@ -225,6 +242,31 @@ fn read_answers(c: &mut Conn, sh: &Shared, hist: &mut Histogram<u64>) {
             }
             Ok(None) => return,
             Err(()) => return c.close(sh),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::deal;
+
+    #[test]
+    fn connections_are_dealt_by_broker() {
+        // Two shard brokers, four producers, two threads: a broker each.
+        assert_eq!(deal(2, 4, 2), vec![vec![0; 4], vec![1; 4]]);
+        // One broker, five producers over two threads: two and three.
+        assert_eq!(deal(1, 5, 2), vec![vec![0; 2], vec![0; 3]]);
+        // More threads than connections: one connection each.
+        assert_eq!(deal(2, 1, 4), vec![vec![0], vec![1]]);
+        // Three brokers over two threads: one thread serves two of them.
+        assert_eq!(deal(3, 2, 2), vec![vec![0, 0, 1], vec![1, 2, 2]]);
+        // Every connection dealt once.
+        for (b, p, t) in [(1, 1, 1), (2, 3, 2), (4, 5, 3), (2, 64, 2), (3, 7, 5)] {
+            let d = deal(b, p, t);
+            let mut all: Vec<usize> = d.into_iter().flatten().collect();
+            all.sort();
+            let want: Vec<usize> = (0..b).flat_map(|k| std::iter::repeat_n(k, p)).collect();
+            assert_eq!(all, want, "{b} brokers, {p} producers, {t} threads");
         }
     }
 }
