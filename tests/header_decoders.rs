@@ -204,6 +204,17 @@ fn json_corner_cases() {
         r#"[]"#,
         r#""#,
         r#"{"#,
+        // Keys next to the ones read by a first letter and one compare (`Lex::top_key`)
+        // and one load (`Lex::short_key`): the general reading decides them.
+        r#"{"codes":1,"cod":2,"code":10,"extFieldsX":{"b":"T"},"extFields":{"b":"U"}}"#,
+        r#"{"code":10,"versio":2,"versionX":3,"version":4,"opaque":5,"opaqu":6,"flag":7}"#,
+        r#"{"code":10,"remarks":"x","remark":"y","language":"JAVA","languages":1}"#,
+        r#"{ "code":10,"extFields":{ "b":"T","c" :"U",""":"V","é":"W","b":"X"}}"#,
+        r#"{"code":10,"extFields":{"b":"T","\":"U"}}"#,
+        r#"{"code":10,"extFields":{"b":"T","#,
+        r#"{"code":10,"extFields":{"b""#,
+        r#"{"code":10,"extFields":{"b":"#,
+        r#"{"c"#,
     ];
     for c in cases {
         check(0, c.as_bytes());

@@ -178,6 +178,15 @@ fn json_value(out: &mut Vec<u8>, v: &FieldValue<'_>) {
 
 /// serde_json's compact object with keys sorted (its map is a `BTreeMap`):
 /// code, extFields, flag, language, opaque, remark, serializeTypeCurrentRPC, version.
+/// `a < b`, decided by the first bytes when they differ (as they mostly do: no
+/// `memcmp` call for those).
+fn key_less(a: &str, b: &str) -> bool {
+    match (a.as_bytes().first(), b.as_bytes().first()) {
+        (Some(x), Some(y)) if x != y => x < y,
+        _ => a < b,
+    }
+}
+
 fn json_header(out: &mut Vec<u8>, head: &FrameHead<'_>) {
     out.extend_from_slice(b"{\"code\":");
     push_int(out, head.code as i64);
@@ -189,7 +198,7 @@ fn json_header(out: &mut Vec<u8>, head: &FrameHead<'_>) {
     // Fields given in strictly ascending key order (the node's answers are) are
     // written as given: one compare per field instead of a search and a sort (192 -> 172
     // ns per send answer, benches/headers.rs).
-    let sorted = head.fields.windows(2).all(|w| w[0].0 < w[1].0);
+    let sorted = head.fields.windows(2).all(|w| key_less(w[0].0, w[1].0));
     for i in 0..n {
         if sorted {
             order[i] = i;

@@ -88,6 +88,12 @@ impl<'a> Text<'a> {
         let mut i = 0;
         let mut run = 0;
         while i < b.len() {
+            // To the next backslash, a run at a time (a string's text holds no quote or
+            // control character, where the run also stops, but a stop at one is passed).
+            i = plain_run_end(b, i);
+            if i >= b.len() {
+                break;
+            }
             if b[i] != b'\\' {
                 i += 1;
                 continue;
@@ -298,6 +304,22 @@ impl<'a> Lex<'a> {
         })
     }
 
+    /// A one-character key and its colon at the cursor, written without whitespace
+    /// (`"b":`, as every client writes a V2 send header's keys): read with one load
+    /// rather than as a string and then a colon, which give the same key. The byte
+    /// between the quotes is a whole character: a byte of a longer one is never
+    /// followed by a quote in UTF-8.
+    #[inline(always)]
+    fn short_key(&mut self) -> Option<Text<'a>> {
+        let b = self.s.as_bytes().get(self.at..self.at + 4)?;
+        if b[0] != b'"' || b[2] != b'"' || b[3] != b':' || matches!(b[1], b'"' | b'\\' | 0..=0x1f) {
+            return None;
+        }
+        let key = self.s.get(self.at + 1..self.at + 2)?;
+        self.at += 4;
+        Some(Text::plain(key))
+    }
+
     /// An integer at the cursor: `-?(0|[1-9][0-9]*)` of at most [`MAX_INT_DIGITS`]
     /// digits, not `-0` (serde_json reads that as a float), not followed by a
     /// fraction or exponent.
@@ -463,11 +485,17 @@ fn json_ext_object<'a>(lex: &mut Lex<'a>, collect: &mut Collect) -> Scan<&'a str
     } else {
         let mut pos = 0;
         loop {
-            let key = lex.string().ok_or(Declined)?;
-            if key.escaped {
-                return Err(Declined);
-            }
-            lex.eat(b':').ok_or(Declined)?;
+            let key = match lex.short_key() {
+                Some(key) => key,
+                None => {
+                    let key = lex.string().ok_or(Declined)?;
+                    if key.escaped {
+                        return Err(Declined);
+                    }
+                    lex.eat(b':').ok_or(Declined)?;
+                    key
+                }
+            };
             let value = match lex.value().ok_or(Declined)? {
                 Value::Str(t) => Some(t),
                 Value::Int(t) | Value::Bool(t) => Some(Text::plain(t)),
@@ -510,6 +538,61 @@ fn json_next_field<'a>(lex: &mut Lex<'a>, first: bool) -> Option<ExtField<'a>> {
     })
 }
 
+/// A key of a header's top-level object, by what the view does with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TopKey {
+    Code,
+    Version,
+    Opaque,
+    Flag,
+    Remark,
+    ExtFields,
+    /// `language`, `serializeTypeCurrentRPC` or any other: skipped.
+    Other,
+}
+
+impl TopKey {
+    fn of(key: &str) -> TopKey {
+        match key {
+            "code" => TopKey::Code,
+            "version" => TopKey::Version,
+            "opaque" => TopKey::Opaque,
+            "flag" => TopKey::Flag,
+            "remark" => TopKey::Remark,
+            "extFields" => TopKey::ExtFields,
+            _ => TopKey::Other,
+        }
+    }
+}
+
+impl Lex<'_> {
+    /// A top-level key every client writes, with its quotes and colon and no
+    /// whitespace (`"opaque":`), at the cursor: picked by its first letter and compared
+    /// whole, without a string scan or a search of the names. The same key as
+    /// [`Lex::string`] then a colon would read.
+    #[inline(always)]
+    fn top_key(&mut self) -> Option<TopKey> {
+        let b = self.s.as_bytes().get(self.at..)?;
+        /// Whether `b` starts with `text` (a fixed-size compare, no `memcmp` call).
+        fn starts<const N: usize>(b: &[u8], text: &[u8; N]) -> Option<usize> {
+            (b.get(..N)? == text).then_some(N)
+        }
+        let (len, key) = match *b.get(1)? {
+            b'c' => (starts(b, b"\"code\":")?, TopKey::Code),
+            b'e' => (starts(b, b"\"extFields\":")?, TopKey::ExtFields),
+            b'f' => (starts(b, b"\"flag\":")?, TopKey::Flag),
+            b'l' => (starts(b, b"\"language\":")?, TopKey::Other),
+            b'o' => (starts(b, b"\"opaque\":")?, TopKey::Opaque),
+            b'r' => (starts(b, b"\"remark\":")?, TopKey::Remark),
+            b's' => (starts(b, b"\"serializeTypeCurrentRPC\":")?, TopKey::Other),
+            b'v' => (starts(b, b"\"version\":")?, TopKey::Version),
+            _ => return None,
+        };
+        self.at += len;
+        Some(key)
+    }
+}
+
 /// Reads a JSON header, collecting its ext fields into `collect` as it goes when its
 /// code comes before them; returns the view and the code it collected for (`None`:
 /// nothing collected).
@@ -531,14 +614,20 @@ fn parse_json<'a>(
         lex.at += 1;
     } else {
         loop {
-            let key = lex.string().ok_or(Declined)?;
-            if key.escaped {
-                return Err(Declined);
-            }
-            lex.eat(b':').ok_or(Declined)?;
+            let key = match lex.top_key() {
+                Some(key) => key,
+                None => {
+                    let key = lex.string().ok_or(Declined)?;
+                    if key.escaped {
+                        return Err(Declined);
+                    }
+                    lex.eat(b':').ok_or(Declined)?;
+                    TopKey::of(key.raw)
+                }
+            };
             let value = lex.value().ok_or(Declined)?;
-            match key.raw {
-                "code" => {
+            match key {
+                TopKey::Code => {
                     code = Some(match value {
                         Value::Int(t) => int_i32(t).ok_or(Declined)?,
                         Value::Str(t) => {
@@ -547,17 +636,17 @@ fn parse_json<'a>(
                         _ => return Err(Declined),
                     })
                 }
-                "version" => version = json_i32_or_zero(value)?,
-                "opaque" => opaque = json_i32_or_zero(value)?,
-                "flag" => flag = json_i32_or_zero(value)?,
-                "remark" => {
+                TopKey::Version => version = json_i32_or_zero(value)?,
+                TopKey::Opaque => opaque = json_i32_or_zero(value)?,
+                TopKey::Flag => flag = json_i32_or_zero(value)?,
+                TopKey::Remark => {
                     remark = match value {
                         Value::Str(t) => Some(t),
                         Value::Int(_) | Value::Bool(_) | Value::Null => None,
                         Value::Object | Value::Array => return Err(Declined),
                     }
                 }
-                "extFields" => {
+                TopKey::ExtFields => {
                     // Given twice, the last counts: what an earlier one collected goes.
                     collected_for = None;
                     ext = match value {
@@ -575,7 +664,7 @@ fn parse_json<'a>(
                 }
                 // `language`, `serializeTypeCurrentRPC` and anything else: not needed,
                 // but only scalars are skipped.
-                _ => {
+                TopKey::Other => {
                     if matches!(value, Value::Object | Value::Array) {
                         return Err(Declined);
                     }
