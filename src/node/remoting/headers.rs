@@ -261,23 +261,46 @@ fn pull_index(key: &str) -> Option<usize> {
 }
 
 /// Where one field's text lies in its header: start, length, whether it has JSON
-/// escapes to apply.
+/// escapes to apply. Eight bytes, and an `Option` of one as well (the start is kept
+/// plus one, never zero; the escape flag is the length's top bit): the spans travel
+/// with every request from the frame's reader to its task, where their copies were
+/// ~15% of a node's `memmove` under JSON single sends at 12 bytes a span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Span {
-    start: u32,
-    len: u32,
-    escaped: bool,
+    start_plus_one: std::num::NonZeroU32,
+    len_and_escaped: u32,
 }
 
+const ESCAPED: u32 = 1 << 31;
+const _: () = assert!(std::mem::size_of::<Option<Span>>() == 8);
+
 impl Span {
-    /// The span of `t`, a text inside `header` (`None` if it is not).
+    /// The span of `t`, a text inside `header` (`None` if it is not, or if it does not
+    /// fit the span's fields: a header of 2 GiB or more, which no frame is).
     fn of(t: Text<'_>, header: &[u8]) -> Option<Span> {
         let start = (t.raw.as_ptr() as usize).checked_sub(header.as_ptr() as usize)?;
-        (start + t.raw.len() <= header.len()).then_some(Span {
-            start: start as u32,
-            len: t.raw.len() as u32,
-            escaped: t.escaped,
+        Span::new(start, t.raw.len(), t.escaped).filter(|_| start + t.raw.len() <= header.len())
+    }
+
+    fn new(start: usize, len: usize, escaped: bool) -> Option<Span> {
+        let start_plus_one = u32::try_from(start.checked_add(1)?).ok()?;
+        let len = u32::try_from(len).ok().filter(|l| l & ESCAPED == 0)?;
+        Some(Span {
+            start_plus_one: std::num::NonZeroU32::new(start_plus_one)?,
+            len_and_escaped: len | if escaped { ESCAPED } else { 0 },
         })
+    }
+
+    fn start(&self) -> usize {
+        self.start_plus_one.get() as usize - 1
+    }
+
+    fn len(&self) -> usize {
+        (self.len_and_escaped & !ESCAPED) as usize
+    }
+
+    fn escaped(&self) -> bool {
+        self.len_and_escaped & ESCAPED != 0
     }
 }
 
@@ -345,9 +368,8 @@ pub(crate) enum Collect {
 const _: () = assert!(2 * SEND_FIELD_COUNT <= u32::BITS as usize);
 
 const NO_SPAN: Span = Span {
-    start: 0,
-    len: 0,
-    escaped: false,
+    start_plus_one: std::num::NonZeroU32::MIN,
+    len_and_escaped: 0,
 };
 
 impl Collect {
@@ -473,15 +495,11 @@ impl<const N: usize> Spans<N> {
         let mut unescaped = [(0u32, 0u32); N];
         let mut escaped_fields = 0u32;
         for (i, f) in self.fields.iter().enumerate() {
-            let Some(Span {
-                start,
-                len,
-                escaped,
-            }) = *f
-            else {
+            let Some(f) = *f else {
                 continue;
             };
-            let span = start as usize..start as usize + len as usize;
+            let escaped = f.escaped();
+            let span = f.start()..f.start() + f.len();
             let raw = match text {
                 Some(text) if from <= span.start && span.end <= to => {
                     text.get(span.start - from..span.end - from)
@@ -670,17 +688,10 @@ mod tests {
             let t = SendField::Topic as usize;
             let span = spans.fields[t].unwrap();
             let mut cut = spans;
-            cut.fields[t] = Some(Span {
-                len: span.len - 1,
-                ..span
-            });
+            cut.fields[t] = Span::new(span.start(), span.len() - 1, span.escaped());
             let h = SendHeader::resolve(&cut, header, &mut scratch);
             assert_eq!(h.get(SendField::Topic), None, "cuts the e-acute");
-            cut.fields[t] = Some(Span {
-                start: header.len() as u32,
-                len: 1,
-                ..span
-            });
+            cut.fields[t] = Span::new(header.len(), 1, span.escaped());
             let h = SendHeader::resolve(&cut, header, &mut scratch);
             assert_eq!(h.get(SendField::Topic), None, "beyond the end");
         }
