@@ -153,7 +153,8 @@ pub struct LoadConfig {
     /// Puts each producer keeps in flight
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub outstanding: u32,
-    /// Producers: per shard with --via local, OS threads with --via handle
+    /// Producers: per shard with --via local, OS threads with --via handle; with --target,
+    /// each its own connections (see --client-threads)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub producers: u32,
     /// How producers reach the store: on the shards, putting to the owning shard's
