@@ -310,14 +310,25 @@ impl<'a> Lex<'a> {
     /// between the quotes is a whole character: a byte of a longer one is never
     /// followed by a quote in UTF-8.
     #[inline(always)]
-    fn short_key(&mut self) -> Option<Text<'a>> {
+    fn short_key(&mut self) -> Option<&'a str> {
         let b = self.s.as_bytes().get(self.at..self.at + 4)?;
         if b[0] != b'"' || b[2] != b'"' || b[3] != b':' || matches!(b[1], b'"' | b'\\' | 0..=0x1f) {
             return None;
         }
         let key = self.s.get(self.at + 1..self.at + 2)?;
         self.at += 4;
-        Some(Text::plain(key))
+        Some(key)
+    }
+
+    /// A key and its colon at the cursor, the general way: a string without escapes
+    /// (a header with an escaped key is declined), whitespace allowed around the colon.
+    fn key(&mut self) -> Scan<&'a str> {
+        let key = self.string().ok_or(Declined)?;
+        if key.escaped {
+            return Err(Declined);
+        }
+        self.eat(b':').ok_or(Declined)?;
+        Ok(key.raw)
     }
 
     /// An integer at the cursor: `-?(0|[1-9][0-9]*)` of at most [`MAX_INT_DIGITS`]
@@ -487,14 +498,7 @@ fn json_ext_object<'a>(lex: &mut Lex<'a>, collect: &mut Collect) -> Scan<&'a str
         loop {
             let key = match lex.short_key() {
                 Some(key) => key,
-                None => {
-                    let key = lex.string().ok_or(Declined)?;
-                    if key.escaped {
-                        return Err(Declined);
-                    }
-                    lex.eat(b':').ok_or(Declined)?;
-                    key
-                }
+                None => lex.key()?,
             };
             let value = match lex.value().ok_or(Declined)? {
                 Value::Str(t) => Some(t),
@@ -502,7 +506,7 @@ fn json_ext_object<'a>(lex: &mut Lex<'a>, collect: &mut Collect) -> Scan<&'a str
                 Value::Null => None,
                 Value::Object | Value::Array => return Err(Declined),
             };
-            collect.field(pos, key.raw, value, lex.s.as_bytes(), true);
+            collect.field(pos, key, value, lex.s.as_bytes(), true);
             pos += 1;
             if !lex.member_end().ok_or(Declined)? {
                 break;
@@ -616,14 +620,7 @@ fn parse_json<'a>(
         loop {
             let key = match lex.top_key() {
                 Some(key) => key,
-                None => {
-                    let key = lex.string().ok_or(Declined)?;
-                    if key.escaped {
-                        return Err(Declined);
-                    }
-                    lex.eat(b':').ok_or(Declined)?;
-                    TopKey::of(key.raw)
-                }
+                None => TopKey::of(lex.key()?),
             };
             let value = lex.value().ok_or(Declined)?;
             match key {
