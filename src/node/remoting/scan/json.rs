@@ -1,240 +1,10 @@
-//! Zero-copy views of command headers, for the hot request codes (issue 20).
-//!
-//! [`HeaderView::parse`] reads a header (JSON or RocketMQ's binary layout) straight from
-//! the frame's bytes: the fixed fields as numbers, the remark and the ext fields as
-//! spans of the header. Nothing is allocated and no value tree is built.
-//! [`HeaderView::parse_typed`] also hands each ext field, as it reads it, to the typed
-//! header (`headers.rs`) the request's code names, so the node reads them once.
-//!
-//! The view takes only headers it reads exactly as the general decoders do
-//! (`json_header.rs` through serde_json, `binary_header.rs`), and answers [`Declined`]
-//! for every other header: invalid ones, and valid but unusual ones (nested values
-//! outside `extFields`, floats, escaped keys, `-0`, integers of 19 digits or more, a
-//! surrogate escape). A declined header goes to the general decoder, which accepts or
-//! refuses it as before, so on every input the two paths answer alike
-//! (`tests/header_decoders.rs` checks it, `scripts/fuzz.sh header_scan` too).
-//!
-//! JSON rules followed (serde_json's, which the general decoder uses): the header is
-//! UTF-8; one object and nothing but whitespace (space, tab, CR, LF) after it; a key
-//! given twice counts once, its last value; an `extFields` value that is `null` counts
-//! as absent (the general decoder skips nulls) and numbers and booleans there count as
-//! their JSON text; `code`, `version`, `opaque`, `flag` may be integers or strings.
-//! Binary rules: `binary_header.rs`'s, with a field given twice read at its first.
+//! The JSON half of [`HeaderView`](super::HeaderView): a cursor over the header's
+//! checked UTF-8 text, and the header's read with its ext fields collected in the same
+//! pass (serde_json's rules, as the module above says).
 
-use super::headers::{Collect, Typed, Want};
-use super::{BINARY_FIXED_LEN, SerializeType};
-use std::ops::Range;
-
-/// The header is not one this view reads exactly as the general decoder: use that.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Declined;
-
-type Scan<T> = Result<T, Declined>;
-
-/// Most digits of an integer this view takes (any such integer fits an `i64`).
-const MAX_INT_DIGITS: usize = 18;
-
-/// A command header read in place.
-#[derive(Debug, Clone, Copy)]
-pub struct HeaderView<'a> {
-    pub code: i32,
-    pub version: i32,
-    pub opaque: i32,
-    pub flag: i32,
-    pub serialize_type: SerializeType,
-    /// The remark, raw (JSON: between the quotes, escapes kept).
-    pub remark: Option<Text<'a>>,
-    ext: Ext<'a>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Ext<'a> {
-    None,
-    /// The `extFields` object's text, braces included, already checked.
-    Json(&'a str),
-    /// The binary ext bytes, already checked.
-    Binary(&'a [u8]),
-}
-
-/// A header string in place: JSON text between its quotes (escapes not yet applied),
-/// the JSON text of a number or boolean, or a binary header's UTF-8 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Text<'a> {
-    pub raw: &'a str,
-    /// JSON escapes to apply ([`Text::unescape_into`]).
-    pub escaped: bool,
-}
-
-impl<'a> Text<'a> {
-    fn plain(raw: &'a str) -> Text<'a> {
-        Text {
-            raw,
-            escaped: false,
-        }
-    }
-
-    /// The text without escapes, when it has none.
-    pub fn as_plain(&self) -> Option<&'a str> {
-        (!self.escaped).then_some(self.raw)
-    }
-
-    /// Appends the text with its escapes applied to `out`.
-    pub fn unescape_into(&self, out: &mut String) {
-        if !self.escaped {
-            out.push_str(self.raw);
-            return;
-        }
-        let b = self.raw.as_bytes();
-        let mut i = 0;
-        let mut run = 0;
-        while i < b.len() {
-            // To the next backslash, a run at a time (a string's text holds no quote or
-            // control character, where the run also stops, but a stop at one is passed).
-            i = plain_run_end(b, i);
-            if i >= b.len() {
-                break;
-            }
-            if b[i] != b'\\' {
-                i += 1;
-                continue;
-            }
-            out.push_str(&self.raw[run..i]);
-            match escape_at(b, i) {
-                Some((c, next)) => {
-                    out.push(c);
-                    i = next;
-                }
-                // Checked when the view was made; never reached.
-                None => return,
-            }
-            run = i;
-        }
-        out.push_str(&self.raw[run..]);
-    }
-
-    /// The text with escapes applied, as an owned string.
-    pub fn to_owned_string(&self) -> String {
-        let mut s = String::with_capacity(self.raw.len());
-        self.unescape_into(&mut s);
-        s
-    }
-}
-
-/// One ext field: its key, and its value (`None`: a JSON `null`, which makes the
-/// field absent, also when an earlier value named it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExtField<'a> {
-    pub key: &'a str,
-    pub value: Option<Text<'a>>,
-}
-
-impl<'a> HeaderView<'a> {
-    /// Reads a header of `kind` (the frame's serialize-type byte).
-    pub fn parse(kind: u8, header: &'a [u8]) -> Scan<HeaderView<'a>> {
-        Self::parse_typed(kind, header, |_| Want::Other).map(|(v, _)| v)
-    }
-
-    /// Reads a header of `kind` and collects its ext fields into the typed header
-    /// `want` names for its code ([`super::headers::typed_for_code`] on the node), in
-    /// the same pass: each field is read once. (A JSON header whose `code` comes after
-    /// its `extFields`, which no client we know writes, gets a second pass over them.)
-    pub fn parse_typed(
-        kind: u8,
-        header: &'a [u8],
-        want: impl Fn(i32) -> Want,
-    ) -> Scan<(HeaderView<'a>, Typed)> {
-        // Filled in place: the collection is a few hundred bytes, and moving it out of
-        // each function was ~10% of the header's read (benches/headers.rs).
-        let mut collect = Collect::Other;
-        let (view, collected_for) = match kind {
-            0 => parse_json(header, &want, &mut collect)?,
-            1 => parse_binary(header, &want, &mut collect)?,
-            _ => return Err(Declined),
-        };
-        let last_wins = view.last_wins();
-        if collected_for != Some(view.code) {
-            collect.reset(want(view.code));
-            if !matches!(collect, Collect::Other) {
-                for (pos, f) in view.ext_fields().enumerate() {
-                    collect.field(pos as u32, f.key, f.value, header, last_wins);
-                }
-            }
-        }
-        // Where the fields' texts lie: a binary header's ext fields, else all of it.
-        let text = match view.ext {
-            Ext::Binary(ext) => {
-                let from = ext.as_ptr() as usize - header.as_ptr() as usize;
-                (from as u32, (from + ext.len()) as u32)
-            }
-            Ext::None | Ext::Json(_) => (0, header.len() as u32),
-        };
-        Ok((view, collect.finish(last_wins, text)))
-    }
-
-    pub fn is_response(&self) -> bool {
-        self.flag & super::FLAG_RESPONSE != 0
-    }
-
-    pub fn is_oneway(&self) -> bool {
-        self.flag & super::FLAG_ONEWAY != 0
-    }
-
-    /// Whether a key given twice counts at its last value (JSON) or its first (binary).
-    pub fn last_wins(&self) -> bool {
-        self.serialize_type == SerializeType::Json
-    }
-
-    /// The ext fields in wire order.
-    pub fn ext_fields(&self) -> ExtFields<'a> {
-        match self.ext {
-            Ext::None => ExtFields::Done,
-            Ext::Json(text) => {
-                // Past the opening brace (checked at parse).
-                let mut lex = Lex { s: text, at: 0 };
-                match lex.eat(b'{') {
-                    Some(()) => ExtFields::Json(lex, true),
-                    None => ExtFields::Done,
-                }
-            }
-            Ext::Binary(bytes) => ExtFields::Binary(bytes, 0),
-        }
-    }
-}
-
-/// Iterator over a view's ext fields.
-pub enum ExtFields<'a> {
-    Done,
-    /// The lexer, and whether the next field is the first.
-    Json(Lex<'a>, bool),
-    /// The ext fields, and where the next one starts.
-    Binary(&'a [u8], usize),
-}
-
-impl<'a> Iterator for ExtFields<'a> {
-    type Item = ExtField<'a>;
-
-    fn next(&mut self) -> Option<ExtField<'a>> {
-        let item = match self {
-            ExtFields::Done => None,
-            ExtFields::Json(lex, first) => {
-                let f = json_next_field(lex, *first);
-                *first = false;
-                f
-            }
-            // `None` at the end or on damage (which the parse already ruled out).
-            ExtFields::Binary(ext, at) => (*at < ext.len())
-                .then(|| binary_field(ext, at, &|r| checked_text(ext, r)).ok())
-                .flatten(),
-        };
-        if item.is_none() {
-            *self = ExtFields::Done;
-        }
-        item
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// JSON
+use super::{Declined, Ext, ExtField, HeaderView, MAX_INT_DIGITS, Scan, Text};
+use crate::node::remoting::SerializeType;
+use crate::node::remoting::headers::{Collect, Want};
 
 /// A cursor over checked UTF-8 JSON text. Positions only ever stop on ASCII bytes, so
 /// every slice taken is on a character boundary.
@@ -255,6 +25,11 @@ enum Value<'a> {
 }
 
 impl<'a> Lex<'a> {
+    /// A cursor at the start of `s`.
+    pub(super) fn new(s: &'a str) -> Lex<'a> {
+        Lex { s, at: 0 }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.s.as_bytes().get(self.at).copied()
     }
@@ -266,7 +41,7 @@ impl<'a> Lex<'a> {
     }
 
     /// Skips whitespace, then takes `b`.
-    fn eat(&mut self, b: u8) -> Option<()> {
+    pub(super) fn eat(&mut self, b: u8) -> Option<()> {
         self.ws();
         if self.peek()? == b {
             self.at += 1;
@@ -416,7 +191,7 @@ impl<'a> Lex<'a> {
 /// three tests a byte's high bit is set where it holds, exact for the lowest byte
 /// that holds (a borrow only runs up from a byte that holds), which is all the
 /// first position needs.
-pub(super) fn plain_run_end(b: &[u8], mut i: usize) -> usize {
+pub(in crate::node::remoting) fn plain_run_end(b: &[u8], mut i: usize) -> usize {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
     const HIGHS: u64 = ONES * 0x80;
     /// High bit of each byte below `n` (bytes of 0x80 and more never count).
@@ -445,7 +220,7 @@ pub(super) fn plain_run_end(b: &[u8], mut i: usize) -> usize {
 /// The character a JSON escape at `b[i]` (a backslash) stands for, and the position
 /// after it. `None` for a bad escape and for any surrogate escape (declined: a pair is
 /// valid JSON, but rare enough that the general decoder may take it).
-fn escape_at(b: &[u8], i: usize) -> Option<(char, usize)> {
+pub(super) fn escape_at(b: &[u8], i: usize) -> Option<(char, usize)> {
     let c = match *b.get(i + 1)? {
         b'"' => '"',
         b'\\' => '\\',
@@ -517,7 +292,7 @@ fn json_ext_object<'a>(lex: &mut Lex<'a>, collect: &mut Collect) -> Scan<&'a str
 }
 
 /// The next field of a checked `extFields` object (`first`: right after the brace).
-fn json_next_field<'a>(lex: &mut Lex<'a>, first: bool) -> Option<ExtField<'a>> {
+pub(super) fn json_next_field<'a>(lex: &mut Lex<'a>, first: bool) -> Option<ExtField<'a>> {
     lex.ws();
     if first && lex.peek() == Some(b'}') {
         return None;
@@ -600,7 +375,7 @@ impl Lex<'_> {
 /// Reads a JSON header, collecting its ext fields into `collect` as it goes when its
 /// code comes before them; returns the view and the code it collected for (`None`:
 /// nothing collected).
-fn parse_json<'a>(
+pub(super) fn parse_json<'a>(
     header: &'a [u8],
     want: &dyn Fn(i32) -> Want,
     collect: &mut Collect,
@@ -688,133 +463,6 @@ fn parse_json<'a>(
     Ok((view, collected_for))
 }
 
-// ---------------------------------------------------------------------------------
-// binary
-
-fn take<'a>(buf: &mut &'a [u8], n: usize) -> Scan<&'a [u8]> {
-    if n > buf.len() {
-        return Err(Declined);
-    }
-    let (head, rest) = buf.split_at(n);
-    *buf = rest;
-    Ok(head)
-}
-
-fn be_i16(buf: &mut &[u8]) -> Scan<i16> {
-    let b = take(buf, 2)?;
-    Ok(i16::from_be_bytes([b[0], b[1]]))
-}
-
-fn be_i32(buf: &mut &[u8]) -> Scan<i32> {
-    let b = take(buf, 4)?;
-    Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-fn utf8<'a>(buf: &mut &'a [u8], len: usize) -> Scan<&'a str> {
-    std::str::from_utf8(take(buf, len)?).map_err(|_| Declined)
-}
-
-/// The ext field at `*at` of `ext` (a binary header's ext fields): key length (i16) and
-/// key, value length (i32) and value, big-endian; a negative length is declined.
-/// `text_of` gives the text of a range of `ext` (`None`: not UTF-8, or out of range).
-fn binary_field<'a>(
-    ext: &'a [u8],
-    at: &mut usize,
-    text_of: &impl Fn(Range<usize>) -> Option<&'a str>,
-) -> Scan<ExtField<'a>> {
-    let length = |at: &mut usize, n: usize| -> Scan<usize> {
-        let bytes = ext.get(*at..*at + n).ok_or(Declined)?;
-        *at += n;
-        if bytes[0] & 0x80 != 0 {
-            return Err(Declined);
-        }
-        Ok(bytes.iter().fold(0usize, |v, &x| v << 8 | x as usize))
-    };
-    let text = |at: &mut usize, n: usize| -> Scan<&'a str> {
-        let s = text_of(*at..*at + n).ok_or(Declined)?;
-        *at += n;
-        Ok(s)
-    };
-    let klen = length(at, 2)?;
-    let key = text(at, klen)?;
-    let vlen = length(at, 4)?;
-    let value = text(at, vlen)?;
-    Ok(ExtField {
-        key,
-        value: Some(Text::plain(value)),
-    })
-}
-
-/// The text of `ext[range]`, checked on its own.
-fn checked_text(ext: &[u8], range: Range<usize>) -> Option<&str> {
-    ext.get(range).and_then(|b| std::str::from_utf8(b).ok())
-}
-
-/// Hands every ext field of `ext` (a binary header's, inside `header`) to `collect`.
-fn collect_binary<'a>(
-    header: &[u8],
-    ext: &'a [u8],
-    collect: &mut Collect,
-    text_of: impl Fn(Range<usize>) -> Option<&'a str>,
-) -> Scan<()> {
-    let (mut at, mut pos) = (0, 0);
-    while at < ext.len() {
-        let f = binary_field(ext, &mut at, &text_of)?;
-        collect.field(pos, f.key, f.value, header, false);
-        pos += 1;
-    }
-    Ok(())
-}
-
-/// Reads a binary header, collecting its ext fields into `collect`; returns the view
-/// and its code (the code collected for).
-fn parse_binary<'a>(
-    header: &'a [u8],
-    want: &dyn Fn(i32) -> Want,
-    collect: &mut Collect,
-) -> Scan<(HeaderView<'a>, Option<i32>)> {
-    if header.len() < BINARY_FIXED_LEN {
-        return Err(Declined);
-    }
-    let mut c = header;
-    let code = be_i16(&mut c)? as i32;
-    take(&mut c, 1)?; // language
-    let version = be_i16(&mut c)? as i32;
-    let opaque = be_i32(&mut c)?;
-    let flag = be_i32(&mut c)?;
-    let remark_len = be_i32(&mut c)?;
-    let remark = if remark_len > 0 {
-        Some(Text::plain(utf8(&mut c, remark_len as usize)?))
-    } else {
-        None
-    };
-    let ext_len = usize::try_from(be_i32(&mut c)?).map_err(|_| Declined)?;
-    let ext = take(&mut c, ext_len)?;
-    collect.reset(want(code));
-    // Checked as UTF-8 once, each key and value then sliced out of it (a char-boundary
-    // check, the same answer as a check of each; checked one by one they were a third of
-    // a binary header's read). A length byte can make the whole not UTF-8: then each is
-    // checked on its own.
-    match std::str::from_utf8(ext) {
-        Ok(text) => collect_binary(header, ext, collect, |r| text.get(r))?,
-        Err(_) => collect_binary(header, ext, collect, |r| checked_text(ext, r))?,
-    }
-    let view = HeaderView {
-        code,
-        version,
-        opaque,
-        flag,
-        serialize_type: SerializeType::RocketMq,
-        remark,
-        ext: if ext.is_empty() {
-            Ext::None
-        } else {
-            Ext::Binary(ext)
-        },
-    };
-    Ok((view, Some(code)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -860,88 +508,5 @@ mod tests {
                 assert_eq!(plain_run_end(&b, 0), by_byte(&b, 0), "{b:?}");
             }
         }
-    }
-
-    fn fields(v: &HeaderView<'_>) -> Vec<(String, Option<String>)> {
-        v.ext_fields()
-            .map(|f| (f.key.to_string(), f.value.map(|t| t.to_owned_string())))
-            .collect()
-    }
-
-    #[test]
-    fn reads_a_send_header_in_place() {
-        let h = br#"{"code":310,"extFields":{"a":"g","b":"T","e":"3","i":"KEYS\u0001k\u0002","n":null},"flag":0,"language":"JAVA","opaque":7,"serializeTypeCurrentRPC":"JSON","version":401}"#;
-        let v = HeaderView::parse(0, h).unwrap();
-        assert_eq!((v.code, v.opaque, v.version, v.flag), (310, 7, 401, 0));
-        assert_eq!(
-            fields(&v),
-            vec![
-                ("a".into(), Some("g".into())),
-                ("b".into(), Some("T".into())),
-                ("e".into(), Some("3".into())),
-                ("i".into(), Some("KEYS\u{1}k\u{2}".into())),
-                ("n".into(), None),
-            ]
-        );
-    }
-
-    #[test]
-    fn declines_what_it_does_not_read_alike() {
-        for h in [
-            &br#"{"code":10.0}"#[..],
-            br#"{"code":-0}"#,
-            br#"{"code":1234567890123456789}"#,
-            br#"{"code":10,"extFields":{"a":[1]}}"#,
-            br#"{"code":10,"extFields":{"a":1.5}}"#,
-            br#"{"code":10,"extFields":{"\u0061":"x"}}"#,
-            br#"{"code":10,"x":{}}"#,
-            br#"{"code":10,"extFields":{"a":"\ud800\udc00"}}"#,
-            br#"{"code":10} x"#,
-            br#"{"code":10,}"#,
-            br#"{"code":"x"}"#,
-            br#"{"opaque":1}"#,
-            b"{\"code\":10,\"remark\":\"a\x01\"}",
-            b"[]",
-            b"",
-        ] {
-            assert_eq!(
-                HeaderView::parse(0, h).map(|v| v.code),
-                Err(Declined),
-                "{}",
-                String::from_utf8_lossy(h)
-            );
-        }
-    }
-
-    #[test]
-    fn numbers_and_strings_for_the_fixed_fields() {
-        let v = HeaderView::parse(
-            0,
-            br#" { "code" : "11" , "opaque":"x","flag":true,"version":99999999999 } "#,
-        )
-        .unwrap();
-        assert_eq!((v.code, v.opaque, v.flag, v.version), (11, 0, 0, 0));
-    }
-
-    #[test]
-    fn binary_header_in_place() {
-        let mut c = super::super::RemotingCommand::request(
-            320,
-            9,
-            vec![("b".into(), "T".into()), ("e".into(), "1".into())],
-        );
-        c.serialize_type = SerializeType::RocketMq;
-        let frame = c.encode();
-        let header = &frame[8..];
-        let v = HeaderView::parse(1, header).unwrap();
-        assert_eq!((v.code, v.opaque), (320, 9));
-        assert_eq!(
-            fields(&v),
-            vec![
-                ("b".into(), Some("T".into())),
-                ("e".into(), Some("1".into()))
-            ]
-        );
-        assert!(HeaderView::parse(1, &header[..header.len() - 1]).is_err());
     }
 }
