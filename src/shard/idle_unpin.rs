@@ -25,6 +25,7 @@
 //!   answering shard's CPU), they keep the pinned CPU: a shard is unpinned only while
 //!   it is woken from idle, when replies are slower than a spin budget anyway.
 
+use crate::stats::process::thread_cpu_ns;
 use std::time::{Duration, Instant};
 
 /// How often a shard looks at its own load, on the shard's tick (`super::tick`: a
@@ -43,20 +44,6 @@ pub(crate) fn next_pinned(pinned: bool, busy: f64) -> bool {
     } else {
         busy > PIN_ABOVE
     }
-}
-
-/// The calling thread's CPU time, in ns.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into `ts`.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Sets the calling thread's CPU mask to `cpus`.

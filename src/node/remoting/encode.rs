@@ -176,8 +176,6 @@ fn json_value(out: &mut Vec<u8>, v: &FieldValue<'_>) {
     }
 }
 
-/// serde_json's compact object with keys sorted (its map is a `BTreeMap`):
-/// code, extFields, flag, language, opaque, remark, serializeTypeCurrentRPC, version.
 /// `a < b`, decided by the first bytes when they differ (as they mostly do: no
 /// `memcmp` call for those).
 fn key_less(a: &str, b: &str) -> bool {
@@ -187,6 +185,8 @@ fn key_less(a: &str, b: &str) -> bool {
     }
 }
 
+/// serde_json's compact object with keys sorted (its map is a `BTreeMap`):
+/// code, extFields, flag, language, opaque, remark, serializeTypeCurrentRPC, version.
 fn json_header(out: &mut Vec<u8>, head: &FrameHead<'_>) {
     out.extend_from_slice(b"{\"code\":");
     push_int(out, head.code as i64);

@@ -30,21 +30,11 @@ pub(super) fn process_usage() -> (f64, u64) {
     })
 }
 
-/// The calling thread's CPU time (user + system) in seconds, to the nanosecond.
-///
-/// `CLOCK_THREAD_CPUTIME_ID` rather than `getrusage(RUSAGE_THREAD)`: the latter reads
-/// the running thread's total as of its last tick or switch, so a shard that produced
-/// for under a tick without switching showed 0 s (`tests/bench_store.rs` failed so).
+/// The calling thread's CPU time (user + system) in seconds, to the nanosecond
+/// (`stats::process::thread_cpu_ns`: a shard that produced for under a tick without
+/// switching read 0 s through `getrusage(RUSAGE_THREAD)`, and `tests/bench_store.rs` failed).
 pub(super) fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0.0;
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    crate::stats::process::thread_cpu_ns() as f64 * 1e-9
 }
 
 /// `VmRSS` and `VmHWM` of this process in bytes (0 when unknown).
