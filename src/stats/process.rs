@@ -2,7 +2,8 @@
 //! time of threads that have exited included): the node's `process_cpu_seconds_total`
 //! and the load generator's CPU figures. `/proc/<pid>/stat` counts in clock ticks
 //! (10 ms here): a node's CPU over 3 s comes in steps of 0.33% of a core (an idle node
-//! read 1.00% twice, 0.48-0.60% with getrusage).
+//! read 1.00% twice, 0.48-0.60% with getrusage). A thread's own CPU comes from its
+//! clock instead ([`thread_cpu_ns`]).
 
 /// `getrusage(who)`, or `None` when it fails.
 pub(crate) fn rusage(who: libc::c_int) -> Option<libc::rusage> {
