@@ -49,10 +49,13 @@ fn has_separator(s: &str) -> bool {
         .any(|b| b == NAME_VALUE_SEPARATOR || b == PROPERTY_SEPARATOR)
 }
 
-/// Iterates `(name, value)` pairs of an encoded properties region, as RocketMQ's
-/// parser would. Invalid UTF-8 segments are skipped.
-pub fn iter(props: &[u8]) -> impl Iterator<Item = (&str, &str)> {
-    props.split(|b| *b == PROPERTY_SEPARATOR).filter_map(|seg| {
+/// Each counted segment of an encoded properties region, by RocketMQ's rule (module
+/// docs), as byte positions: its start, its name-value separator, its end.
+fn segments(props: &[u8]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let mut at = 0;
+    props.split(|b| *b == PROPERTY_SEPARATOR).filter_map(move |seg| {
+        let start = at;
+        at += seg.len() + 1;
         if seg.len() < 3 {
             return None;
         }
@@ -60,10 +63,26 @@ pub fn iter(props: &[u8]) -> impl Iterator<Item = (&str, &str)> {
         if sep == 0 || sep == seg.len() - 1 {
             return None;
         }
-        let name = std::str::from_utf8(&seg[..sep]).ok()?;
-        let value = std::str::from_utf8(&seg[sep + 1..]).ok()?;
+        Some((start, start + sep, start + seg.len()))
+    })
+}
+
+/// Iterates `(name, value)` pairs of an encoded properties region, as RocketMQ's
+/// parser would. Invalid UTF-8 segments are skipped.
+pub fn iter(props: &[u8]) -> impl Iterator<Item = (&str, &str)> {
+    segments(props).filter_map(|(start, sep, end)| {
+        let name = std::str::from_utf8(&props[start..sep]).ok()?;
+        let value = std::str::from_utf8(&props[sep + 1..end]).ok()?;
         Some((name, value))
     })
+}
+
+/// [`iter`] over a properties text already known to be UTF-8 (a request header's):
+/// the same pairs, sliced at the ASCII separators without checking each again (the
+/// node's per-segment check was ~0.3% of its samples per single send).
+pub fn iter_text(props: &str) -> impl Iterator<Item = (&str, &str)> {
+    segments(props.as_bytes())
+        .filter_map(|(start, sep, end)| Some((props.get(start..sep)?, props.get(sep + 1..end)?)))
 }
 
 /// The value of property `name`, if present (first occurrence), as [`iter`] would
@@ -72,16 +91,9 @@ pub fn iter(props: &[u8]) -> impl Iterator<Item = (&str, &str)> {
 /// was ~2% of a node's CPU per single send (the dispatcher's tag lookup).
 pub fn get<'a>(props: &'a [u8], name: &str) -> Option<&'a str> {
     let name = name.as_bytes();
-    props.split(|b| *b == PROPERTY_SEPARATOR).find_map(|seg| {
-        if seg.len() < 3 {
-            return None;
-        }
-        let sep = seg.iter().position(|b| *b == NAME_VALUE_SEPARATOR)?;
-        if sep == 0 || sep == seg.len() - 1 || &seg[..sep] != name {
-            return None;
-        }
-        std::str::from_utf8(&seg[sep + 1..]).ok()
-    })
+    segments(props)
+        .filter(|&(start, sep, _)| &props[start..sep] == name)
+        .find_map(|(_, sep, end)| std::str::from_utf8(&props[sep + 1..end]).ok())
 }
 
 /// Writes the 20 reserved bytes of the record-CRC property for `crc`:
@@ -153,6 +165,29 @@ mod tests {
         }
         assert_eq!(get(cases[1], TAGS), Some("ok"));
         assert_eq!(get(cases[3], TAGS), Some("t"));
+    }
+
+    /// Over a text, `iter_text` gives what `iter` gives over its bytes: every
+    /// separator place (edges, runs, none), non-ASCII names and values.
+    #[test]
+    fn iter_text_finds_what_iter_finds() {
+        let cases = [
+            "KEYS\u{1}a b\u{2}TAGS\u{1}t\u{2}",
+            "\u{1}ab\u{2}a\u{1}\u{2}x\u{1}y\u{2}",
+            "n\u{e9}\u{1}v\u{1f600}\u{2}\u{2}\u{2}\u{e9}\u{1}\u{1}\u{2}ab\u{1}c",
+            "\u{1}\u{1}\u{1}\u{2}a\u{1}b\u{1}c\u{2}\u{2}",
+            "no separators",
+            "",
+        ];
+        for text in cases {
+            let want: Vec<_> = iter(text.as_bytes()).collect();
+            assert_eq!(iter_text(text).collect::<Vec<_>>(), want, "{text:?}");
+        }
+        let pairs: Vec<_> = iter_text(cases[2]).collect();
+        assert_eq!(
+            pairs,
+            vec![("n\u{e9}", "v\u{1f600}"), ("\u{e9}", "\u{1}"), ("ab", "c")]
+        );
     }
 
     #[test]

@@ -157,7 +157,7 @@ impl Drop for PooledString {
 /// `properties::iter` reads it), reusing the strings already there.
 pub(crate) fn set_properties(props: &mut Vec<(String, String)>, text: &str) {
     let mut n = 0;
-    for (name, value) in crate::format::properties::iter(text.as_bytes()) {
+    for (name, value) in crate::format::properties::iter_text(text) {
         match props.get_mut(n) {
             Some((k, v)) => {
                 k.clear();
