@@ -53,18 +53,20 @@ fn has_separator(s: &str) -> bool {
 /// docs), as byte positions: its start, its name-value separator, its end.
 fn segments(props: &[u8]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
     let mut at = 0;
-    props.split(|b| *b == PROPERTY_SEPARATOR).filter_map(move |seg| {
-        let start = at;
-        at += seg.len() + 1;
-        if seg.len() < 3 {
-            return None;
-        }
-        let sep = seg.iter().position(|b| *b == NAME_VALUE_SEPARATOR)?;
-        if sep == 0 || sep == seg.len() - 1 {
-            return None;
-        }
-        Some((start, start + sep, start + seg.len()))
-    })
+    props
+        .split(|b| *b == PROPERTY_SEPARATOR)
+        .filter_map(move |seg| {
+            let start = at;
+            at += seg.len() + 1;
+            if seg.len() < 3 {
+                return None;
+            }
+            let sep = seg.iter().position(|b| *b == NAME_VALUE_SEPARATOR)?;
+            if sep == 0 || sep == seg.len() - 1 {
+                return None;
+            }
+            Some((start, start + sep, start + seg.len()))
+        })
 }
 
 /// Iterates `(name, value)` pairs of an encoded properties region, as RocketMQ's
