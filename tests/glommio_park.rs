@@ -407,22 +407,18 @@ fn executors_in_turn_on_one_thread_each_get_their_own_notifier() {
     });
 }
 
-/// `io_uring_enter` calls made by the calling thread from now on, counted by the
-/// kernel (a `syscalls:sys_enter_io_uring_enter` tracepoint counter through
-/// `perf_event_open`); `None` where tracefs or perf events are not available.
-struct EnterCounter(std::os::fd::OwnedFd);
+/// Events of a kernel tracepoint (`syscalls/sys_enter_io_uring_enter`: the
+/// `io_uring_enter` calls) caused by the calling thread from now on, counted by the
+/// kernel (a tracepoint counter through `perf_event_open`); `None` where tracefs or
+/// perf events are not available.
+struct TraceCounter(std::os::fd::OwnedFd);
 
-impl EnterCounter {
-    fn start() -> Option<EnterCounter> {
+impl TraceCounter {
+    fn start(event: &str) -> Option<TraceCounter> {
         use std::os::fd::FromRawFd;
         let id: u64 = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
             .iter()
-            .find_map(|root| {
-                std::fs::read_to_string(format!(
-                    "{root}/events/syscalls/sys_enter_io_uring_enter/id"
-                ))
-                .ok()
-            })?
+            .find_map(|root| std::fs::read_to_string(format!("{root}/events/{event}/id")).ok())?
             .trim()
             .parse()
             .ok()?;
@@ -469,7 +465,7 @@ impl EnterCounter {
             return None;
         }
         // SAFETY: a file descriptor just returned to us and owned by nothing else.
-        Some(EnterCounter(unsafe {
+        Some(TraceCounter(unsafe {
             std::os::fd::OwnedFd::from_raw_fd(fd as i32)
         }))
     }
@@ -487,7 +483,7 @@ impl EnterCounter {
 /// `io_uring_enter` calls and parks (voluntary context switches) of the calling
 /// thread while `body` runs; `None` where the calls cannot be counted.
 async fn count_enters(body: impl std::future::Future<Output = ()>) -> Option<(u64, u64)> {
-    let counter = EnterCounter::start()?;
+    let counter = TraceCounter::start("syscalls/sys_enter_io_uring_enter")?;
     let parks_before = voluntary_switches();
     body.await;
     Some((counter.count(), voluntary_switches() - parks_before))
@@ -631,6 +627,73 @@ fn a_parking_executor_keeps_its_sleep_timeout_armed() {
         assert!(
             per_park < 1.5,
             "{per_park:.2} io_uring_enter per park ({enters} in {parks})"
+        );
+    });
+}
+
+/// Patch z: an executor woken only by a socket (a client one request at a time, a
+/// coremq node's shard at one send in flight) keeps the poll that links its rings
+/// armed from one park to the next. 0.9.0 submitted a new one at every park, and the
+/// old ones stayed in the kernel until the latency ring next completed something: a
+/// `POLL_ADD` more per park. Counted by the kernel's `io_uring_submit_req` tracepoint:
+/// SQEs submitted per round, with z and without (checked).
+#[test]
+fn a_socket_served_one_request_at_a_time_keeps_the_rings_linked() {
+    use futures_lite::{AsyncReadExt, AsyncWriteExt};
+    use std::io::{Read, Write};
+    const ROUNDS: u64 = 100;
+    watched("link-count", |progress| {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("make executor");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_nodelay(true).expect("nodelay");
+            let mut b = [0u8; 8];
+            for i in 0..ROUNDS + 20 {
+                // The executor parks before each request arrives.
+                std::thread::sleep(Duration::from_millis(1));
+                if s.write_all(&i.to_le_bytes()).is_err() || s.read_exact(&mut b).is_err() {
+                    return;
+                }
+            }
+        });
+        let counted = ex.run(async move {
+            let (stream, _) = listener.accept().expect("accept");
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            // SAFETY: the descriptor is the accepted stream's, given up by it.
+            let mut stream = unsafe { glommio::net::TcpStream::from_raw_fd(stream.into_raw_fd()) };
+            let mut b = [0u8; 8];
+            let mut answer = async |stream: &mut glommio::net::TcpStream| {
+                stream.read_exact(&mut b).await.expect("read");
+                stream.write_all(&b).await.expect("write");
+            };
+            for _ in 0..10 {
+                answer(&mut stream).await;
+            }
+            let counter = TraceCounter::start("io_uring/io_uring_submit_req");
+            let parks_before = voluntary_switches();
+            for _ in 0..ROUNDS {
+                answer(&mut stream).await;
+            }
+            let parks = voluntary_switches() - parks_before;
+            for _ in 0..10 {
+                answer(&mut stream).await;
+            }
+            counter.map(|c| (c.count(), parks))
+        });
+        client.join().expect("client");
+        progress.send(()).expect("watchdog gone");
+        let Some((submitted, _)) = parked(counted, ROUNDS) else {
+            return;
+        };
+        let per_round = submitted as f64 / ROUNDS as f64;
+        eprintln!("{submitted} SQEs submitted in {ROUNDS} rounds: {per_round:.2} a round");
+        assert!(
+            per_round < 1.5,
+            "{per_round:.2} SQEs submitted per round ({submitted} in {ROUNDS})"
         );
     });
 }

@@ -907,6 +907,9 @@ struct SleepableRing {
     /// coremq patch y: the eventfd is watched by a multishot poll (false once the
     /// kernel refused one: the one-shot read of 0.9.0 then).
     eventfd_multishot: bool,
+    /// coremq patch z: a poll of the latency ring submitted by a park is in the kernel
+    /// and its completion not yet taken: the next park needs no new one.
+    link_armed: bool,
 }
 
 impl SleepableRing {
@@ -928,6 +931,7 @@ impl SleepableRing {
             source_map,
             in_kernel: 0,
             eventfd_multishot: true,
+            link_armed: false,
         })
     }
 
@@ -1113,89 +1117,114 @@ impl SleepableRing {
     //
     // coremq patch x: SQEs prepared but not submitted (`prepare_submissions`) go in
     // with the link's, in the same `io_uring_enter`.
-    fn sleep(&mut self, link: &Source, user_timer: Option<Duration>) -> io::Result<usize> {
+    //
+    // coremq patch z: `link` is `None` when the link an earlier park submitted is still
+    // armed (`link_armed`): no second poll of the latency ring is added.
+    fn sleep(&mut self, link: Option<&Source>, user_timer: Option<Duration>) -> io::Result<usize> {
         let pending = self.waiting_kernel_submission();
-        if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
-            let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
-            let op = UringDescriptor {
-                fd: link.raw(),
-                flags: SubmissionFlags::empty(),
-                user_data: to_user_data(
-                    self.source_map
-                        .borrow_mut()
-                        .add_source(link, self.submission_queue.clone()),
-                ),
-                args: UringOpDescriptor::PollAdd(common_flags() | read_flags()),
-            };
-            fill_sqe(
-                &mut sqe,
-                &op,
-                DmaBuffer::new,
-                &mut self.source_map.borrow_mut(),
-            );
-
-            // We have now prepared the SQE that links the two rings. We now need to submit
-            // it successfully to be able to safely sleep.
-
-            // coremq patch u: submitted and waited for in one `io_uring_enter` when the
-            // kernel takes the wait's timeout as an argument (the kernel waits only if
-            // the SQE was submitted); otherwise as below, in two.
-            let park = user_timer.map_or(Self::MAX_PARK, |t| t.min(Self::MAX_PARK))
-                + Self::WAIT_SLACK;
-            if let Some(res) = self.ring.cq().submit_and_wait_ext(1, park) {
-                let submitted = res
-                    .map(|n| n as usize)
-                    .or_else(Reactor::busy_ok)
-                    .or_else(Reactor::again_ok)
-                    .or_else(Reactor::intr_ok)?;
-                self.in_kernel += submitted;
-                if submitted != pending + 1 {
-                    unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
-                    return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        let sqe_ptr = match link {
+            None => None,
+            Some(link) => {
+                let prepared = match self.ring.sq().prepare_sqe() {
+                    Some(mut sqe) => {
+                        let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
+                        let op = UringDescriptor {
+                            fd: link.raw(),
+                            flags: SubmissionFlags::empty(),
+                            user_data: to_user_data(
+                                self.source_map
+                                    .borrow_mut()
+                                    .add_source(link, self.submission_queue.clone()),
+                            ),
+                            args: UringOpDescriptor::PollAdd(common_flags() | read_flags()),
+                        };
+                        fill_sqe(
+                            &mut sqe,
+                            &op,
+                            DmaBuffer::new,
+                            &mut self.source_map.borrow_mut(),
+                        );
+                        Some(sqe_ptr)
+                    }
+                    None => None,
+                };
+                if prepared.is_none() {
+                    // Can't link rings because we ran out of `CQE`s. Just can't sleep.
+                    // Submit what we have, once we're out of here we'll consume them
+                    // and at some point will be able to sleep again.
+                    return self
+                        .submit_sqes()
+                        .or_else(Reactor::busy_ok)
+                        .or_else(Reactor::again_ok)
+                        .or_else(Reactor::intr_ok);
                 }
-                return Ok(1);
+                prepared
             }
-            if self
-                .submit_sqes()
+        };
+        let expected = pending + usize::from(sqe_ptr.is_some());
+        // The link (or the one still armed) is submitted: sleeping is safe.
+        let linked = |ring: &mut Self| {
+            if sqe_ptr.is_some() {
+                ring.link_armed = true;
+            }
+        };
+        // We have now prepared the SQE that links the two rings. We now need to submit
+        // it successfully to be able to safely sleep.
+
+        // coremq patch u: submitted and waited for in one `io_uring_enter` when the
+        // kernel takes the wait's timeout as an argument (the kernel waits only if
+        // the SQE was submitted); otherwise as below, in two.
+        let park =
+            user_timer.map_or(Self::MAX_PARK, |t| t.min(Self::MAX_PARK)) + Self::WAIT_SLACK;
+        if let Some(res) = self.ring.cq().submit_and_wait_ext(1, park) {
+            let submitted = res
+                .map(|n| n as usize)
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
-                .or_else(Reactor::intr_ok)?
-                != pending + 1
-            {
-                // We failed to submit the `SQE` that links the rings. Just can't sleep.
-                // Waiting here is unsafe because we could end up waiting much longer than
-                // needed.
-                // We make the SQE a no-op and return
-                unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
-                Err(io::Error::from_raw_os_error(libc::EBUSY))
-            } else {
-                // The rings are linked. Goodnight!
-                // coremq patch: for at most `MAX_PARK`; its timeout (ETIME) is a
-                // normal wake-up.
-                // coremq patch t: plus `WAIT_SLACK`, so this wait's hrtimer is never the
-                // CPU's earliest (the latency ring's timeout, patch s, fires first and
-                // wakes it through the linked rings): no clock-event reprogram to arm and
-                // cancel it at every park. A wake-up lost on that path still ends here,
-                // `WAIT_SLACK` later.
-                let park = user_timer.map_or(Self::MAX_PARK, |t| t.min(Self::MAX_PARK))
-                    + Self::WAIT_SLACK;
-                self.ring
-                    .cq()
-                    .wait_with_timeout(1, park)
-                    .or_else(|e| match e.raw_os_error() {
-                        Some(libc::ETIME) => Ok(()),
-                        _ => Err(e),
-                    })
-                    .map(|_| 1)
-                    .or_else(Reactor::busy_ok)
-                    .or_else(Reactor::again_ok)
-                    .or_else(Reactor::intr_ok)
+                .or_else(Reactor::intr_ok)?;
+            self.in_kernel += submitted;
+            if submitted != expected {
+                if let Some(p) = sqe_ptr {
+                    unsafe { crate::uring_sys::io_uring_prep_nop(p) };
+                }
+                return Err(io::Error::from_raw_os_error(libc::EBUSY));
             }
+            linked(self);
+            return Ok(1);
+        }
+        if self
+            .submit_sqes()
+            .or_else(Reactor::busy_ok)
+            .or_else(Reactor::again_ok)
+            .or_else(Reactor::intr_ok)?
+            != expected
+        {
+            // We failed to submit the `SQE` that links the rings. Just can't sleep.
+            // Waiting here is unsafe because we could end up waiting much longer than
+            // needed.
+            // We make the SQE a no-op and return
+            if let Some(p) = sqe_ptr {
+                unsafe { crate::uring_sys::io_uring_prep_nop(p) };
+            }
+            Err(io::Error::from_raw_os_error(libc::EBUSY))
         } else {
-            // Can't link rings because we ran out of `CQE`s. Just can't sleep.
-            // Submit what we have, once we're out of here we'll consume them
-            // and at some point will be able to sleep again.
-            self.submit_sqes()
+            linked(self);
+            // The rings are linked. Goodnight!
+            // coremq patch: for at most `MAX_PARK`; its timeout (ETIME) is a
+            // normal wake-up.
+            // coremq patch t: plus `WAIT_SLACK`, so this wait's hrtimer is never the
+            // CPU's earliest (the latency ring's timeout, patch s, fires first and
+            // wakes it through the linked rings): no clock-event reprogram to arm and
+            // cancel it at every park. A wake-up lost on that path still ends here,
+            // `WAIT_SLACK` later.
+            self.ring
+                .cq()
+                .wait_with_timeout(1, park)
+                .or_else(|e| match e.raw_os_error() {
+                    Some(libc::ETIME) => Ok(()),
+                    _ => Err(e),
+                })
+                .map(|_| 1)
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
                 .or_else(Reactor::intr_ok)
@@ -1270,10 +1299,14 @@ impl UringCommon for SleepableRing {
             }
         }
         let mut refused = false;
+        let mut link_fired = false;
         let done = process_one_event(
             cqe,
             |source| match source.source_type {
-                SourceType::LinkRings => Some(()),
+                SourceType::LinkRings => {
+                    link_fired = true;
+                    Some(())
+                }
                 _ => None,
             },
             |mut src, res| {
@@ -1290,6 +1323,10 @@ impl UringCommon for SleepableRing {
         );
         if refused {
             self.eventfd_multishot = false;
+        }
+        if link_fired {
+            // coremq patch z: the next park links the rings again.
+            self.link_armed = false;
         }
         done.map(|x| {
             self.in_kernel -= 1;
@@ -1861,14 +1898,19 @@ impl Reactor {
         ring: &mut SleepableRing,
         user_timer: Option<Duration>,
     ) -> io::Result<()> {
-        let link_rings = Source::new(
-            IoRequirements::default(),
-            self.link_fd,
-            SourceType::LinkRings,
-            None,
-            None,
-        );
-        ring.sleep(&link_rings, user_timer)
+        // coremq patch z: a link still armed from an earlier park is kept (a poll of
+        // the latency ring per park otherwise piled up in the kernel until that ring
+        // next completed something).
+        let link_rings = (!ring.link_armed).then(|| {
+            Source::new(
+                IoRequirements::default(),
+                self.link_fd,
+                SourceType::LinkRings,
+                None,
+                None,
+            )
+        });
+        ring.sleep(link_rings.as_ref(), user_timer)
             .or_else(Self::busy_ok)
             .map(|_| {})
     }
