@@ -436,9 +436,19 @@ impl Reactor {
         source
     }
 
+    // coremq patch ab: unused since the streams' read poll is multishot.
+    #[allow(dead_code)]
     pub(crate) fn poll_read_ready(&self, fd: RawFd) -> Source {
         let source = self.new_source(fd, SourceType::PollAdd, None);
         self.sys.poll_ready(&source, common_flags() | read_flags());
+        source
+    }
+
+    /// coremq patch ab: [`Self::poll_read_ready`] with a multishot poll.
+    pub(crate) fn poll_read_ready_multishot(&self, fd: RawFd) -> Source {
+        let source = self.new_source(fd, SourceType::PollAdd, None);
+        self.sys
+            .poll_ready_multishot(&source, common_flags() | read_flags());
         source
     }
 

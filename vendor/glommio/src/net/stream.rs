@@ -221,6 +221,10 @@ pub(crate) struct NonBufferedStream<S> {
     stream: S,
     source_tx: Option<Source>,
     source_rx: Option<Source>,
+    /// coremq patch ab: the last read did not find the socket drained (it filled the
+    /// buffer, hit the end or an error, or none was made): the next read tries the
+    /// socket without waiting for the poll.
+    rx_maybe_more: bool,
     write_timeout: Timeout,
     read_timeout: Timeout,
 }
@@ -229,7 +233,8 @@ impl<S: AsRawFd> NonBufferedStream<S> {
     fn init(&mut self) {
         let reactor = self.reactor.upgrade().unwrap();
         let stream_fd = self.stream.as_raw_fd();
-        self.source_rx = Some(reactor.poll_read_ready(stream_fd));
+        // coremq patch ab: one multishot poll watches the read side (below).
+        self.source_rx = Some(reactor.poll_read_ready_multishot(stream_fd));
     }
 
     pub(crate) fn try_peek(&self, buf: &mut [u8]) -> Option<io::Result<usize>> {
@@ -272,35 +277,31 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         let reactor = self.reactor.upgrade().unwrap();
         let reactor = reactor.as_ref();
 
-        let no_pending_poll = self
-            .source_rx
-            .as_ref()
-            .map(|src| src.result().is_some())
-            .unwrap_or(true);
-
-        if no_pending_poll {
+        // coremq patch ab: the read side is watched by one multishot poll, armed once
+        // and kept until it ends (0.9.0 armed a one-shot poll after every read that
+        // did not fill the buffer: a `POLL_ADD` per request at one request in flight).
+        // Each readiness sets the poll's result; the socket is tried when one came
+        // since the last try, or when the last read may have left data behind.
+        let fired = match &self.source_rx {
+            Some(src) => src.take_result().is_some() || !src.is_armed(),
+            None => true,
+        };
+        if fired || self.rx_maybe_more {
             if let Some(result) = super::yolo_recv_uninit(self.stream.as_raw_fd(), buf) {
-                self.source_rx.take();
                 self.read_timeout.cancel_timer(reactor);
-                let result = poll_err!(result);
-                // Start an early poll if the buffer is not fully filled. So when
-                // the next time `poll_read` is called, it will be known immediately
-                // whether the underlying stream is ready for reading.
-                if result > 0 && result < buf.len() {
-                    self.source_rx = Some(reactor.poll_read_ready(self.stream.as_raw_fd()));
-                    // The `rush_dispatch`s here and after could be removed to
-                    // improve performance if #458 is handled appropriately.
-                    // reactor.rush_dispatch(self.source_rx.as_ref().unwrap());
-                }
-                return Poll::Ready(Ok(result));
+                // Only a short read of some bytes drained the socket; the end and
+                // errors stay readable (they raise no new readiness).
+                self.rx_maybe_more =
+                    !matches!(&result, Ok(n) if *n > 0 && *n < buf.len());
+                return Poll::Ready(result);
             }
+            self.rx_maybe_more = false;
         }
 
         poll_err!(self.read_timeout.check(reactor));
 
-        if no_pending_poll {
-            self.source_rx = Some(reactor.poll_read_ready(self.stream.as_raw_fd()));
-            // reactor.rush_dispatch(self.source_rx.as_ref().unwrap());
+        if !self.source_rx.as_ref().is_some_and(Source::is_armed) {
+            self.source_rx = Some(reactor.poll_read_ready_multishot(self.stream.as_raw_fd()));
         }
 
         let source = self.source_rx.as_ref().unwrap();
@@ -377,6 +378,7 @@ where
             stream: socket.into(),
             source_tx: None,
             source_rx: None,
+            rx_maybe_more: true,
             write_timeout: Timeout::new(reactor.register_timer()),
             read_timeout: Timeout::new(reactor.register_timer()),
         };

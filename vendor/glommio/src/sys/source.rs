@@ -264,6 +264,18 @@ impl Source {
         ret
     }
 
+    /// coremq patch ab: takes the result, leaving none: for a multishot poll, whether
+    /// it fired since the last take.
+    pub(crate) fn take_result(&self) -> Option<io::Result<usize>> {
+        self.inner.borrow_mut().wakers.result.take()
+    }
+
+    /// coremq patch ab: the request is queued or in the kernel (a multishot poll that
+    /// has not ended).
+    pub(crate) fn is_armed(&self) -> bool {
+        self.inner.borrow().enqueued.is_some()
+    }
+
     // adds a single waiter to the list, replacing any waiter that may already
     // exist. Should be used for single streams that map a future 1:1 to their I/O
     // source

@@ -57,6 +57,8 @@ const MSG_ZEROCOPY: i32 = 0x4000000;
 #[derive(Debug)]
 enum UringOpDescriptor {
     PollAdd(PollFlags),
+    /// coremq patch ab: a multishot `POLL_ADD` (`IORING_POLL_ADD_MULTI`).
+    PollAddMulti(PollFlags),
     PollRemove(*const u8),
     Cancel(u64),
     Write(*const u8, usize, u64),
@@ -274,6 +276,11 @@ fn fill_sqe<F>(
         match op.args {
             UringOpDescriptor::PollAdd(events) => {
                 sqe.prep_poll_add(op.fd, events);
+            }
+            UringOpDescriptor::PollAddMulti(events) => {
+                sqe.prep_poll_add(op.fd, events);
+                // IORING_POLL_ADD_MULTI, in the SQE's `len` for a POLL_ADD.
+                sqe.raw_mut().len = 1;
             }
             UringOpDescriptor::PollRemove(to_remove) => {
                 user_data = 0;
@@ -907,7 +914,7 @@ struct SleepableRing {
     /// coremq patch y: the eventfd is watched by a multishot poll (false once the
     /// kernel refused one: the one-shot read of 0.9.0 then).
     eventfd_multishot: bool,
-    /// coremq patch z: a poll of the latency ring submitted by a park is in the kernel
+    /// coremq patch aa: a poll of the latency ring submitted by a park is in the kernel
     /// and its completion not yet taken: the next park needs no new one.
     link_armed: bool,
 }
@@ -1118,7 +1125,7 @@ impl SleepableRing {
     // coremq patch x: SQEs prepared but not submitted (`prepare_submissions`) go in
     // with the link's, in the same `io_uring_enter`.
     //
-    // coremq patch z: `link` is `None` when the link an earlier park submitted is still
+    // coremq patch aa: `link` is `None` when the link an earlier park submitted is still
     // armed (`link_armed`): no second poll of the latency ring is added.
     fn sleep(&mut self, link: Option<&Source>, user_timer: Option<Duration>) -> io::Result<usize> {
         let pending = self.waiting_kernel_submission();
@@ -1290,12 +1297,32 @@ impl UringCommon for SleepableRing {
     fn consume_one_event(&mut self) -> Option<bool> {
         let source_map = self.source_map.clone();
         let cqe = self.ring.peek_for_cqe();
-        // coremq patch y: a CQE of the eventfd's multishot poll that leaves it armed
-        // (the only multishot request these rings make): the source stays in the map
-        // and in the kernel, and there is no waiter to wake (as for 0.9.0's read).
+        // coremq patch y: a CQE of the eventfd's multishot poll that leaves it armed:
+        // the source stays in the map and in the kernel, and there is no waiter to wake
+        // (as for 0.9.0's read).
+        // coremq patch ab: one of a socket's multishot read poll: the source stays too,
+        // its result says the socket was readable, and its waiter is woken.
         if let Some(c) = &cqe {
             if c.flags().contains(iou::cqe::CompletionFlags::MORE) {
-                return Some(false);
+                // The source map is not borrowed while the waiter is woken (as when
+                // `process_one_event` wakes one). A source the map no longer holds, or
+                // one borrowed, is left alone, as y left every one.
+                let src = self
+                    .source_map
+                    .try_borrow()
+                    .ok()
+                    .and_then(|map| map.get(from_user_data(c.user_data())).cloned());
+                let Some(src) = src else {
+                    return Some(false);
+                };
+                let Ok(mut src) = src.try_borrow_mut() else {
+                    return Some(false);
+                };
+                if matches!(src.source_type, SourceType::ForeignNotifier(..)) {
+                    return Some(false);
+                }
+                src.wakers.result = Some(transmute_error(c.result()));
+                return Some(src.wakers.wake_waiters());
             }
         }
         let mut refused = false;
@@ -1325,7 +1352,7 @@ impl UringCommon for SleepableRing {
             self.eventfd_multishot = false;
         }
         if link_fired {
-            // coremq patch z: the next park links the rings again.
+            // coremq patch aa: the next park links the rings again.
             self.link_armed = false;
         }
         done.map(|x| {
@@ -1604,6 +1631,18 @@ impl Reactor {
 
     pub(crate) fn read_buffered(&self, source: &Source, pos: u64, size: usize) {
         let op = UringOpDescriptor::Read(pos, size);
+        queue_request_into_ring(
+            &mut *self.ring_for_source(source),
+            source,
+            op,
+            &mut self.source_map.borrow_mut(),
+        );
+    }
+
+    /// coremq patch ab: `poll_ready` with a multishot poll: it stays armed, each
+    /// readiness setting the source's result and waking its waiters (`consume_one_event`).
+    pub(crate) fn poll_ready_multishot(&self, source: &Source, flags: PollFlags) {
+        let op = UringOpDescriptor::PollAddMulti(flags);
         queue_request_into_ring(
             &mut *self.ring_for_source(source),
             source,
@@ -1898,7 +1937,7 @@ impl Reactor {
         ring: &mut SleepableRing,
         user_timer: Option<Duration>,
     ) -> io::Result<()> {
-        // coremq patch z: a link still armed from an earlier park is kept (a poll of
+        // coremq patch aa: a link still armed from an earlier park is kept (a poll of
         // the latency ring per park otherwise piled up in the kernel until that ring
         // next completed something).
         let link_rings = (!ring.link_armed).then(|| {
