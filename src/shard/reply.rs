@@ -148,14 +148,16 @@ impl<T, J> Slot<T, J> {
         self.state.store(state, Ordering::Release);
         let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = waker {
-            let held = HELD.with(|h| match &mut *h.borrow_mut() {
-                Some(held) => {
-                    held.push(w);
-                    None
+            // Held, unless this thread holds none; or its thread-locals are being
+            // destroyed (a shard thread ending after a panic, its `Alive` closing the
+            // rings): then woken at once, as a panic there would abort the process.
+            let mut w = Some(w);
+            let _ = HELD.try_with(|h| {
+                if let Some(held) = &mut *h.borrow_mut() {
+                    held.extend(w.take());
                 }
-                None => Some(w),
             });
-            if let Some(w) = held {
+            if let Some(w) = w {
                 w.wake();
             }
         }
@@ -237,6 +239,44 @@ impl<T, J> Future for ReplyReceiver<T, J> {
 mod tests {
     use super::*;
     use futures_lite::future::block_on;
+
+    /// A slot abandoned by a thread-local's destructor after this thread's held wakes
+    /// are gone (a shard thread ending after a panic: its `Alive` closes the rings)
+    /// still wakes its caller. Reading `HELD` there panicked, which aborts the process
+    /// ("thread local panicked on drop"; this test binary, without the fix).
+    #[test]
+    fn a_slot_abandoned_while_its_thread_ends_wakes_the_caller() {
+        struct AbandonOnExit(Option<Arc<Slot<u32, ()>>>);
+        impl Drop for AbandonOnExit {
+            fn drop(&mut self) {
+                if let Some(slot) = self.0.take() {
+                    slot.abandon();
+                }
+            }
+        }
+        thread_local! {
+            static ON_EXIT: RefCell<AbandonOnExit> = const { RefCell::new(AbandonOnExit(None)) };
+        }
+        let (slot, mut rx) = request::<u32, ()>(());
+        let (waiting, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // Registered first, destroyed last: thread-locals go in reverse order.
+            ON_EXIT.with(|e| e.borrow_mut().0 = Some(slot));
+            drop(hold_wakes());
+            wait.recv().expect("caller gone");
+        });
+        let mut waiting = Some(waiting);
+        let got = block_on(futures_lite::future::poll_fn(|cx| {
+            let p = std::pin::Pin::new(&mut rx).poll(cx);
+            // The caller's waker is in the slot: the thread may end.
+            if let Some(w) = waiting.take() {
+                w.send(()).expect("thread gone");
+            }
+            p
+        }));
+        assert_eq!(got, None, "abandoned: the shard is gone");
+        t.join().expect("the thread ended without a panic");
+    }
 
     #[test]
     fn value_crosses_threads() {

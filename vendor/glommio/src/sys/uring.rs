@@ -1186,6 +1186,14 @@ impl SleepableRing {
         if let Some(res) = self.ring.cq().submit_and_wait_ext(1, park) {
             let submitted = res
                 .map(|n| n as usize)
+                // coremq patch aa: the kernel returns the wait's `ETIME` when it
+                // submitted nothing, which a park with its link still armed and nothing
+                // queued does: the park's timeout, a normal wake-up (0.9.0 always
+                // submitted the link, so it never saw it).
+                .or_else(|e| match e.raw_os_error() {
+                    Some(libc::ETIME) => Ok(0),
+                    _ => Err(e),
+                })
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
                 .or_else(Reactor::intr_ok)?;
