@@ -480,20 +480,26 @@ impl TraceCounter {
     }
 }
 
-/// `io_uring_enter` calls and parks (voluntary context switches) of the calling
-/// thread while `body` runs; `None` where the calls cannot be counted.
-async fn count_enters(body: impl std::future::Future<Output = ()>) -> Option<(u64, u64)> {
-    let counter = TraceCounter::start("syscalls/sys_enter_io_uring_enter")?;
+/// The `io_uring_enter` calls a thread makes ([`TraceCounter`]'s event).
+const ENTERS: &str = "syscalls/sys_enter_io_uring_enter";
+
+/// Events of the tracepoint `event` caused by the calling thread while `body` runs, and
+/// its parks (voluntary context switches); `None` where they cannot be counted.
+async fn count_events(
+    event: &str,
+    body: impl std::future::Future<Output = ()>,
+) -> Option<(u64, u64)> {
+    let counter = TraceCounter::start(event)?;
     let parks_before = voluntary_switches();
     body.await;
     Some((counter.count(), voluntary_switches() - parks_before))
 }
 
-/// [`count_enters`]'s result, checked: printed and `None` where nothing was counted;
+/// [`count_events`]'s result, checked: printed and `None` where nothing was counted;
 /// the executor must have parked in at least half of the `waits` 1 ms waits.
 fn parked(counted: Option<(u64, u64)>, waits: u64) -> Option<(u64, u64)> {
     let Some((enters, parks)) = counted else {
-        eprintln!("io_uring_enter not countable here (no tracefs or perf events)");
+        eprintln!("not countable here (no tracefs or perf events)");
         return None;
     };
     assert!(
@@ -503,37 +509,44 @@ fn parked(counted: Option<(u64, u64)>, waits: u64) -> Option<(u64, u64)> {
     Some((enters, parks))
 }
 
-/// Patches s, u, w and x together: an executor serving a socket one request at a
-/// time (a coremq node at one send in flight), with a channel wait after each request
-/// and a user timer nearer than `MAX_PARK` pending (90 ms). Each of the 100 rounds
-/// parks twice (for the socket, for the channel). With x the socket's poll is
-/// submitted by the park's own `io_uring_enter`: 311 `io_uring_enter` for 100 rounds
-/// (five runs), 410-417 without x (a poll's enter to submit it first). This test did
-/// not reproduce the clock jitter w is about (the node did: COREMQ-PATCHES.md, w).
-#[test]
-fn an_executor_serving_a_socket_parks_with_two_enters() {
+/// An executor answering a socket one request at a time (a coremq node at one send in
+/// flight): a client thread sends 8 bytes 1 ms after each answer and reads them back;
+/// with `channel`, it also sends on a channel 1 ms after that, which the executor waits
+/// for after each answer (a second park a round). Ten rounds settle, `ROUNDS` are counted
+/// by [`count_events`] (`event`, with a user `timer` pending when given), ten more
+/// follow; `check` gets the count and the parks.
+fn socket_rounds(
+    name: &str,
+    event: &'static str,
+    channel: bool,
+    timer: Option<Duration>,
+    check: impl FnOnce(Option<(u64, u64)>) + Send + 'static,
+) {
     use futures_lite::{AsyncReadExt, AsyncWriteExt};
     use std::io::{Read, Write};
-    const WAITS: u64 = 100;
-    watched("enter-count-timer", |progress| {
+    watched(name, move |progress| {
         let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .make()
             .expect("make executor");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let (tx, rx) = flume::bounded::<u64>(1);
+        let (tx, rx) = (channel.then_some(tx), channel.then_some(rx));
         let addr = listener.local_addr().expect("addr");
         let client = std::thread::spawn(move || {
             let mut s = std::net::TcpStream::connect(addr).expect("connect");
             s.set_nodelay(true).expect("nodelay");
             let mut b = [0u8; 8];
-            for i in 0..WAITS + 20 {
+            for i in 0..ROUNDS + 20 {
+                // The executor parks before each request arrives.
                 std::thread::sleep(Duration::from_millis(1));
                 if s.write_all(&i.to_le_bytes()).is_err() || s.read_exact(&mut b).is_err() {
                     return;
                 }
-                std::thread::sleep(Duration::from_millis(1));
-                if tx.send(i).is_err() {
-                    return;
+                if let Some(tx) = &tx {
+                    std::thread::sleep(Duration::from_millis(1));
+                    if tx.send(i).is_err() {
+                        return;
+                    }
                 }
             }
         });
@@ -546,19 +559,23 @@ fn an_executor_serving_a_socket_parks_with_two_enters() {
             let mut answer = async |stream: &mut glommio::net::TcpStream| {
                 stream.read_exact(&mut b).await.expect("read");
                 stream.write_all(&b).await.expect("write");
-                rx.recv_async().await.expect("client gone");
+                if let Some(rx) = &rx {
+                    rx.recv_async().await.expect("client gone");
+                }
             };
             for _ in 0..10 {
                 answer(&mut stream).await;
             }
-            let timer = glommio::spawn_local(glommio::timer::sleep(Duration::from_millis(90)));
-            let counted = count_enters(async {
-                for _ in 0..WAITS {
+            let timer = timer.map(|t| glommio::spawn_local(glommio::timer::sleep(t)));
+            let counted = count_events(event, async {
+                for _ in 0..ROUNDS {
                     answer(&mut stream).await;
                 }
             })
             .await;
-            timer.await;
+            if let Some(timer) = timer {
+                timer.await;
+            }
             for _ in 0..10 {
                 answer(&mut stream).await;
             }
@@ -566,17 +583,35 @@ fn an_executor_serving_a_socket_parks_with_two_enters() {
         });
         client.join().expect("client");
         progress.send(()).expect("watchdog gone");
-        let Some((enters, parks)) = parked(counted, WAITS) else {
+        check(counted);
+    });
+}
+
+/// Rounds [`socket_rounds`] counts.
+const ROUNDS: u64 = 100;
+
+/// Patches s, u, w and x together: an executor serving a socket one request at a
+/// time (a coremq node at one send in flight), with a channel wait after each request
+/// and a user timer nearer than `MAX_PARK` pending (90 ms). Each of the 100 rounds
+/// parks twice (for the socket, for the channel). With x the socket's poll is
+/// submitted by the park's own `io_uring_enter`: 311 `io_uring_enter` for 100 rounds
+/// (five runs), 410-417 without x (a poll's enter to submit it first). This test did
+/// not reproduce the clock jitter w is about (the node did: COREMQ-PATCHES.md, w).
+#[test]
+fn an_executor_serving_a_socket_parks_with_two_enters() {
+    let timer = Some(Duration::from_millis(90));
+    socket_rounds("enter-count-timer", ENTERS, true, timer, |counted| {
+        let Some((enters, parks)) = parked(counted, ROUNDS) else {
             return;
         };
-        let per_round = enters as f64 / WAITS as f64;
+        let per_round = enters as f64 / ROUNDS as f64;
         eprintln!(
-            "{enters} io_uring_enter in {WAITS} rounds ({parks} parks) with a timer pending: \
+            "{enters} io_uring_enter in {ROUNDS} rounds ({parks} parks) with a timer pending: \
              {per_round:.2} a round"
         );
         assert!(
             per_round < 3.6,
-            "{per_round:.2} io_uring_enter per round with a timer pending ({enters} in {WAITS})"
+            "{per_round:.2} io_uring_enter per round with a timer pending ({enters} in {ROUNDS})"
         );
     });
 }
@@ -609,7 +644,7 @@ fn a_parking_executor_keeps_its_sleep_timeout_armed() {
             for _ in 0..10 {
                 rx.recv_async().await.expect("sender gone");
             }
-            count_enters(async {
+            count_events(ENTERS, async {
                 for _ in 0..WAITS {
                     rx.recv_async().await.expect("sender gone");
                 }
@@ -640,53 +675,8 @@ fn a_parking_executor_keeps_its_sleep_timeout_armed() {
 /// without aa, 2.22-2.25 without either (checked).
 #[test]
 fn a_socket_served_one_request_at_a_time_submits_nothing_per_request() {
-    use futures_lite::{AsyncReadExt, AsyncWriteExt};
-    use std::io::{Read, Write};
-    const ROUNDS: u64 = 100;
-    watched("link-count", |progress| {
-        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .make()
-            .expect("make executor");
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let client = std::thread::spawn(move || {
-            let mut s = std::net::TcpStream::connect(addr).expect("connect");
-            s.set_nodelay(true).expect("nodelay");
-            let mut b = [0u8; 8];
-            for i in 0..ROUNDS + 20 {
-                // The executor parks before each request arrives.
-                std::thread::sleep(Duration::from_millis(1));
-                if s.write_all(&i.to_le_bytes()).is_err() || s.read_exact(&mut b).is_err() {
-                    return;
-                }
-            }
-        });
-        let counted = ex.run(async move {
-            let (stream, _) = listener.accept().expect("accept");
-            use std::os::fd::{FromRawFd, IntoRawFd};
-            // SAFETY: the descriptor is the accepted stream's, given up by it.
-            let mut stream = unsafe { glommio::net::TcpStream::from_raw_fd(stream.into_raw_fd()) };
-            let mut b = [0u8; 8];
-            let mut answer = async |stream: &mut glommio::net::TcpStream| {
-                stream.read_exact(&mut b).await.expect("read");
-                stream.write_all(&b).await.expect("write");
-            };
-            for _ in 0..10 {
-                answer(&mut stream).await;
-            }
-            let counter = TraceCounter::start("io_uring/io_uring_submit_req");
-            let parks_before = voluntary_switches();
-            for _ in 0..ROUNDS {
-                answer(&mut stream).await;
-            }
-            let parks = voluntary_switches() - parks_before;
-            for _ in 0..10 {
-                answer(&mut stream).await;
-            }
-            counter.map(|c| (c.count(), parks))
-        });
-        client.join().expect("client");
-        progress.send(()).expect("watchdog gone");
+    let submits = "io_uring/io_uring_submit_req";
+    socket_rounds("link-count", submits, false, None, |counted| {
         let Some((submitted, _)) = parked(counted, ROUNDS) else {
             return;
         };

@@ -81,17 +81,6 @@ impl<T> FreeList<T> {
     }
 }
 
-impl<T> FreeList<T> {
-    /// coremq patch ab: the item at `idx`, when that slot holds one (a lookup that
-    /// cannot panic, for a completion the map may no longer know).
-    pub(crate) fn get(&self, idx: Idx<T>) -> Option<&T> {
-        match self.slots.get(idx.to_raw())? {
-            Slot::Free { .. } => None,
-            Slot::Full { item } => Some(item),
-        }
-    }
-}
-
 impl<T> ops::Index<Idx<T>> for FreeList<T> {
     type Output = T;
 

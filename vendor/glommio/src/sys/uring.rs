@@ -1117,6 +1117,31 @@ impl SleepableRing {
         self.submission_queue.borrow().is_empty() && self.waiting_kernel_collection() == 0
     }
 
+    /// coremq patch aa: the SQE polling the latency ring (`link`) prepared in the SQ,
+    /// not submitted; `None` when the SQ is full.
+    fn prepare_link(&mut self, link: &Source) -> Option<*mut uring_sys::io_uring_sqe> {
+        let mut sq = self.ring.sq();
+        let mut sqe = sq.prepare_sqe()?;
+        let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
+        let op = UringDescriptor {
+            fd: link.raw(),
+            flags: SubmissionFlags::empty(),
+            user_data: to_user_data(
+                self.source_map
+                    .borrow_mut()
+                    .add_source(link, self.submission_queue.clone()),
+            ),
+            args: UringOpDescriptor::PollAdd(common_flags() | read_flags()),
+        };
+        fill_sqe(
+            &mut sqe,
+            &op,
+            DmaBuffer::new,
+            &mut self.source_map.borrow_mut(),
+        );
+        Some(sqe_ptr)
+    }
+
     // coremq patch (h): the wait also ends when the next user timer is due. The timer
     // is still armed on the latency ring, but its expiry reaches this wait only through
     // the nested poll of that ring, the path that lost wake-ups (see `MAX_PARK`): a
@@ -1131,31 +1156,9 @@ impl SleepableRing {
         let pending = self.waiting_kernel_submission();
         let sqe_ptr = match link {
             None => None,
-            Some(link) => {
-                let prepared = match self.ring.sq().prepare_sqe() {
-                    Some(mut sqe) => {
-                        let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
-                        let op = UringDescriptor {
-                            fd: link.raw(),
-                            flags: SubmissionFlags::empty(),
-                            user_data: to_user_data(
-                                self.source_map
-                                    .borrow_mut()
-                                    .add_source(link, self.submission_queue.clone()),
-                            ),
-                            args: UringOpDescriptor::PollAdd(common_flags() | read_flags()),
-                        };
-                        fill_sqe(
-                            &mut sqe,
-                            &op,
-                            DmaBuffer::new,
-                            &mut self.source_map.borrow_mut(),
-                        );
-                        Some(sqe_ptr)
-                    }
-                    None => None,
-                };
-                if prepared.is_none() {
+            Some(link) => match self.prepare_link(link) {
+                Some(sqe_ptr) => Some(sqe_ptr),
+                None => {
                     // Can't link rings because we ran out of `CQE`s. Just can't sleep.
                     // Submit what we have, once we're out of here we'll consume them
                     // and at some point will be able to sleep again.
@@ -1165,16 +1168,9 @@ impl SleepableRing {
                         .or_else(Reactor::again_ok)
                         .or_else(Reactor::intr_ok);
                 }
-                prepared
-            }
+            },
         };
         let expected = pending + usize::from(sqe_ptr.is_some());
-        // The link (or the one still armed) is submitted: sleeping is safe.
-        let linked = |ring: &mut Self| {
-            if sqe_ptr.is_some() {
-                ring.link_armed = true;
-            }
-        };
         // We have now prepared the SQE that links the two rings. We now need to submit
         // it successfully to be able to safely sleep.
 
@@ -1204,7 +1200,7 @@ impl SleepableRing {
                 }
                 return Err(io::Error::from_raw_os_error(libc::EBUSY));
             }
-            linked(self);
+            self.link_armed |= sqe_ptr.is_some();
             return Ok(1);
         }
         if self
@@ -1223,7 +1219,7 @@ impl SleepableRing {
             }
             Err(io::Error::from_raw_os_error(libc::EBUSY))
         } else {
-            linked(self);
+            self.link_armed |= sqe_ptr.is_some();
             // The rings are linked. Goodnight!
             // coremq patch: for at most `MAX_PARK`; its timeout (ETIME) is a
             // normal wake-up.
@@ -1313,19 +1309,9 @@ impl UringCommon for SleepableRing {
         if let Some(c) = &cqe {
             if c.flags().contains(iou::cqe::CompletionFlags::MORE) {
                 // The source map is not borrowed while the waiter is woken (as when
-                // `process_one_event` wakes one). A source the map no longer holds, or
-                // one borrowed, is left alone, as y left every one.
-                let src = self
-                    .source_map
-                    .try_borrow()
-                    .ok()
-                    .and_then(|map| map.get(from_user_data(c.user_data())).cloned());
-                let Some(src) = src else {
-                    return Some(false);
-                };
-                let Ok(mut src) = src.try_borrow_mut() else {
-                    return Some(false);
-                };
+                // `process_one_event` wakes one).
+                let src = self.source_map.borrow()[from_user_data(c.user_data())].clone();
+                let mut src = src.borrow_mut();
                 if matches!(src.source_type, SourceType::ForeignNotifier(..)) {
                     return Some(false);
                 }
