@@ -205,6 +205,53 @@ fn stay_awake_until_keeps_the_executor_from_sleeping() {
     });
 }
 
+/// `(ac)`: `wake_after_next_park` wakes its waker once the executor returns from a
+/// park, not while it runs tasks without sleeping, and a later call replaces the
+/// waker. (Without the patch's lines after the park in `run`, nothing wakes it: the
+/// second assertion fails.)
+#[test]
+fn wake_after_next_park_wakes_once_the_executor_slept() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    struct Count(AtomicU32);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    watched("after-park-test", |progress| {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .expect("make executor");
+        let (replaced, busy, slept, again) = ex.run(async {
+            let first = Arc::new(Count(AtomicU32::new(0)));
+            let second = Arc::new(Count(AtomicU32::new(0)));
+            glommio::executor().wake_after_next_park(first.clone().into());
+            glommio::executor().wake_after_next_park(second.clone().into());
+            // Busy without a park: tasks that yield.
+            for _ in 0..1000 {
+                futures_lite::future::yield_now().await;
+            }
+            let busy = second.0.load(Ordering::Relaxed);
+            // Nothing else to run: the executor parks until the timer.
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+            let slept = second.0.load(Ordering::Relaxed);
+            // Once: the next park's end does not wake it again.
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+            let again = second.0.load(Ordering::Relaxed);
+            (first.0.load(Ordering::Relaxed), busy, slept, again)
+        });
+        progress.send(()).expect("watchdog gone");
+        assert_eq!(
+            busy, 0,
+            "woken while the executor ran tasks without sleeping"
+        );
+        assert_eq!(slept, 1, "woken when the park for the timer ended");
+        assert_eq!(again, 1, "woken once only");
+        assert_eq!(replaced, 0, "the replaced waker is not woken");
+    });
+}
+
 /// `(q)`: `spin_for_timers_within` keeps an executor whose next timer is due within
 /// the spin from sleeping until it, and a timer further away than the spin is slept
 /// for as before. Each phase waits for 20 timers of 1 ms; told to spin for timers

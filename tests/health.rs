@@ -142,6 +142,36 @@ fn a_blocked_executor_is_reported_as_a_stall_of_its_shard() {
     store.shutdown().unwrap();
 }
 
+/// An idle shard's heartbeat does not beat on a timer: it waits for its executor's next
+/// park to end (`src/shard/stall.rs`). A stall that begins as the idle shard gets work
+/// is still reported: the park's end makes the next beat due. (With the heartbeat
+/// waiting only for its idle look, 1 s away on the shard's tick, a 250 ms block is
+/// seen only when that look falls in its first 150 ms: checked, the test then fails.)
+#[test]
+fn a_stall_after_an_idle_spell_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sharded(dir.path(), Some(Duration::from_millis(100)));
+    let h = store.handle();
+    let stalls =
+        |h: &coremq::Handle| futures_lite::future::block_on(h.stats()).unwrap().shards[0].stalls;
+    for round in 0..3 {
+        // Idle long enough for the heartbeat to back off to its park-end wait.
+        std::thread::sleep(Duration::from_millis(1500));
+        let before = stalls(&h);
+        futures_lite::future::block_on(h.run_on(0, |_| async {
+            std::thread::sleep(Duration::from_millis(250));
+        }))
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let after = stalls(&h);
+        assert!(
+            after > before,
+            "round {round}: the stall after an idle spell was counted ({before} -> {after})"
+        );
+    }
+    store.shutdown().unwrap();
+}
+
 #[test]
 fn self_check_reports_missing_and_left_over_files_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();

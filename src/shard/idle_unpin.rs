@@ -35,6 +35,11 @@ pub(crate) const WINDOW: Duration = Duration::from_millis(200);
 pub(crate) const UNPIN_BELOW: f64 = 0.10;
 /// Busy above this share of a CPU over a window: pinned again.
 pub(crate) const PIN_ABOVE: f64 = 0.25;
+/// Unpinned and busy below this share of a CPU over a window, the shard looks half as
+/// often, down to once per idle look (`stall::IDLE_LOOK`): an idle shard's looks every
+/// 200 ms were half of its wake-ups once the heartbeat stopped beating while idle.
+/// Above it, every `WINDOW` again.
+pub(crate) const IDLE_BELOW: f64 = 0.02;
 
 /// What a shard's mask should be after a window in which it was busy `busy` of a CPU,
 /// given whether it is pinned now.
@@ -43,6 +48,16 @@ pub(crate) fn next_pinned(pinned: bool, busy: f64) -> bool {
         busy >= UNPIN_BELOW
     } else {
         busy > PIN_ABOVE
+    }
+}
+
+/// How long the next window is after one of `window` in which the shard was busy
+/// `busy` of a CPU, pinned or not.
+pub(crate) fn next_window(window: Duration, pinned: bool, busy: f64) -> Duration {
+    if !pinned && busy < IDLE_BELOW {
+        (window * 2).min(super::stall::IDLE_LOOK)
+    } else {
+        WINDOW
     }
 }
 
@@ -73,12 +88,14 @@ pub(crate) async fn follow_load(shard: usize, cpu: usize, all: Vec<usize>) {
     let mut pinned = true;
     let mut at = Instant::now();
     let mut spent = thread_cpu_ns();
+    let mut window = WINDOW;
     loop {
-        glommio::timer::sleep(super::tick::until(WINDOW)).await;
+        glommio::timer::sleep(super::tick::until(window)).await;
         let (now, cpu_now) = (Instant::now(), thread_cpu_ns());
         let wall = now.duration_since(at).as_nanos().max(1) as f64;
         let busy = cpu_now.saturating_sub(spent) as f64 / wall;
         (at, spent) = (now, cpu_now);
+        window = next_window(window, pinned, busy);
         let next = next_pinned(pinned, busy);
         if next == pinned {
             continue;
@@ -105,6 +122,26 @@ pub(crate) async fn follow_load(shard: usize, cpu: usize, all: Vec<usize>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_unpinned_shard_looks_less_often() {
+        let mut w = WINDOW;
+        for _ in 0..10 {
+            w = next_window(w, false, 0.001);
+        }
+        assert_eq!(
+            w,
+            crate::shard::stall::IDLE_LOOK,
+            "idle: once per idle look"
+        );
+        assert_eq!(
+            next_window(w, false, 0.05),
+            WINDOW,
+            "some work: every window"
+        );
+        assert_eq!(next_window(w, true, 0.001), WINDOW, "pinned: every window");
+        assert_eq!(next_window(WINDOW, false, 0.001), 2 * WINDOW);
+    }
 
     #[test]
     fn unpinned_when_idle_pinned_when_busy_with_a_gap_between() {

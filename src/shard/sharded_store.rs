@@ -365,6 +365,8 @@ impl ShardedStore {
         }
         if let Some((beats, monitor)) = self.stall.take() {
             beats.stop();
+            // Its sleep may be an idle look long: ended now.
+            monitor.thread().unpark();
             let _ = monitor.join();
         }
         if self.threads.is_empty() {

@@ -86,6 +86,7 @@ mod tests {
         let beat = crate::shard::stall::IDLE_TICK.as_nanos();
         let periods = [
             ("placement check", crate::shard::idle_unpin::WINDOW),
+            ("idle look", crate::shard::stall::IDLE_LOOK),
             ("delay level look", crate::schedule::IDLE_POLL),
             ("delay level wait", crate::schedule::DUE_WAIT_MAX),
             (

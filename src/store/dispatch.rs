@@ -40,11 +40,13 @@ use std::time::Duration;
 
 /// The dispatcher looks again this long after its last wake-up even when nothing
 /// woke it (a safety net: every write wakes it), doubling while these looks find
-/// nothing, up to [`DISPATCH_SAFETY_WAKE_IDLE`]: on an idle node the 100 ms look was
-/// about 10 of each shard's ~32 wake-ups a second (docs/performance/node.md).
+/// nothing, up to [`DISPATCH_SAFETY_WAKE_IDLE`], on the shard's tick
+/// (`crate::shard::tick`, with the idle shard's other looks): on an idle node the
+/// 100 ms look was about 10 of each shard's ~32 wake-ups a second
+/// (docs/performance/node.md).
 const DISPATCH_SAFETY_WAKE: Duration = Duration::from_millis(100);
-/// The longest safety wait of an idle dispatcher.
-const DISPATCH_SAFETY_WAKE_IDLE: Duration = Duration::from_millis(1600);
+/// The longest safety wait of an idle dispatcher: the shard's idle look.
+const DISPATCH_SAFETY_WAKE_IDLE: Duration = crate::shard::stall::IDLE_LOOK;
 
 /// The most log bytes one dispatch pass walks without yielding: about 30 records of
 /// 1 KiB, well under a background turn (`StoreConfig::background_turn`); dispatch polls
@@ -122,7 +124,11 @@ impl Inner {
                 self.log.written()
             };
             let flushed = self.log.flushed.wait_for(flush_target);
-            safety.reset(safety_wait);
+            safety.reset(if safety_wait > DISPATCH_SAFETY_WAKE {
+                crate::shard::tick::until(safety_wait)
+            } else {
+                safety_wait
+            });
             let looked = futures_lite::future::or(
                 futures_lite::future::or(
                     async {

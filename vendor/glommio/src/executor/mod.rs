@@ -58,7 +58,7 @@ use std::{
     pin::Pin,
     rc::Rc,
     sync::{Arc, Mutex},
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
     thread::{Builder, JoinHandle},
     time::{Duration, Instant},
 };
@@ -361,6 +361,8 @@ struct ExecutorQueues {
     awake_until: Option<Instant>,
     // coremq patch q: see `ExecutorProxy::spin_for_timers_within`.
     timer_spin: Duration,
+    // coremq patch ac: see `ExecutorProxy::wake_after_next_park`.
+    after_park: Option<Waker>,
     stats: ExecutorStats,
 }
 
@@ -377,6 +379,7 @@ impl ExecutorQueues {
             spin_before_park,
             awake_until: None,
             timer_spin: Duration::ZERO,
+            after_park: None,
             stats: ExecutorStats::new(),
         }
     }
@@ -1574,6 +1577,11 @@ impl LocalExecutor {
                                 this.parker
                                     .park()
                                     .expect("Failed to park! This is actually pretty bad!");
+                                // coremq patch ac: `ExecutorProxy::wake_after_next_park`.
+                                let after = this.queues.borrow_mut().after_park.take();
+                                if let Some(waker) = after {
+                                    waker.wake();
+                                }
                                 break;
                             }
                             if this.reactor.spin_poll_io().unwrap() {
@@ -2267,6 +2275,25 @@ impl ExecutorProxy {
         unsafe {
             if let Some(ex) = LOCAL_EX.as_ref() {
                 extend(ex);
+            }
+        }
+    }
+
+    /// coremq patch ac: wakes `waker` once, when this executor next returns from a
+    /// park (a sleep in the kernel; not a spin). For a task that has nothing to watch
+    /// while its executor sleeps, and must look again once the executor has something
+    /// to do: waiting for this costs no wake-up of its own. A later call replaces the
+    /// waker. Outside an executor it does nothing.
+    pub fn wake_after_next_park(&self, waker: Waker) {
+        let set = |ex: &LocalExecutor| ex.queues.borrow_mut().after_park = Some(waker);
+        #[cfg(not(feature = "native-tls"))]
+        if LOCAL_EX.is_set() {
+            LOCAL_EX.with(set);
+        }
+        #[cfg(feature = "native-tls")]
+        unsafe {
+            if let Some(ex) = LOCAL_EX.as_ref() {
+                set(ex);
             }
         }
     }

@@ -1092,8 +1092,9 @@ impl SleepableRing {
     // DataDog/glommio#547) was a sleep until unrelated I/O, for ever when none came.
     // Now it costs at most this much. An idle executor wakes this often (it used to
     // wake only for work): see vendor/glommio/COREMQ-PATCHES.md for the measured cost.
-    // Raised from 10 ms to 100 ms in the second round (COREMQ-PATCHES.md, e).
-    pub(crate) const MAX_PARK: Duration = Duration::from_millis(100);
+    // Raised from 10 ms to 100 ms in the second round (COREMQ-PATCHES.md, e), to 1 s in
+    // the nineteenth (ac): an idle coremq shard's own looks are 1 s apart.
+    pub(crate) const MAX_PARK: Duration = Duration::from_secs(1);
 
     // coremq patch t: how much later than the latency ring's timeout the main-ring wait
     // itself times out (see `sleep`).
