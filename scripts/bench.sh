@@ -446,14 +446,23 @@ if want 10; then
         done
     }
     start_node "$work/s10-node" "$detail/s10-node.log"
-    # Idle (issue 22): the node's CPU over a quiet spell, as a share of one core.
+    # Idle (issue 22): the node's CPU over a quiet spell, as a share of one core, and
+    # how often its threads woke (their voluntary switches: the count this machine's
+    # speed does not move, where a wake-up's CPU cost moves 5x between its hours).
     log "scenario s10-idle: node idle for $secs s"
     sleep 2
+    node_wakes() {
+        cat /proc/"$node_pid"/task/*/status 2>/dev/null |
+            awk '$1 == "voluntary_ctxt_switches:" {s += $2} END {print s + 0}'
+    }
     c0=$(node_cpu)
+    w0=$(node_wakes)
     sleep "$secs"
+    w1=$(node_wakes)
     c1=$(node_cpu)
-    jq -n --argjson c "$(echo "$c1 - $c0" | bc -l)" --argjson s "$secs" \
-        '{label: "node: idle", ok: true, node_cpu_seconds: $c, seconds: $s, core_share: ($c / $s)}' \
+    jq -n --argjson c "$(echo "$c1 - $c0" | bc -l)" --argjson s "$secs" --argjson w "$((w1 - w0))" \
+        '{label: "node: idle", ok: true, node_cpu_seconds: $c, seconds: $s, core_share: ($c / $s),
+          wakeups_per_sec: ($w / $s)}' \
         >"$detail/s10-idle.json"
     # A light load (issue 22): 1,000 sends a second offered, one producer, measured on
     # a warm node (one unrecorded second first): the first run on a fresh node costs
@@ -832,7 +841,7 @@ s10_result() {
         "node $(fmt "$(j s10-batch .node_cpu_us_per_message)" 2) µs CPU/msg; one in flight: p50 $(fmt "$(j s10-one .send_latency_us.p50)") µs," \
         "p99 $(fmt "$(j s10-one .send_latency_us.p99)") µs, node $(fmt "$(j s10-one .node_cpu_us_per_message)" 1) µs CPU/msg;" \
         "pull read-back $(fmt "$(j s10-pull '.read_back_per_sec // 0')") msg/s;" \
-        "idle $(fmt "$(j s10-idle '(.core_share // 0) * 100')" 2)% of a core; at 1,000 msg/s offered" \
+        "idle $(fmt "$(j s10-idle '(.core_share // 0) * 100')" 2)% of a core ($(fmt "$(j s10-idle '.wakeups_per_sec // 0')" 1) wake-ups a second); at 1,000 msg/s offered" \
         "$(fmt "$(j s10-rate1k '(.node_cpu_seconds // 0) * 100 / ([.seconds // 1, 0.001] | max)')" 1)% of a core," \
         "$(fmt "$(j s10-rate1k '.node_cpu_us_per_message // 0')" 1) µs CPU/msg (a heartbeat at the same pace:" \
         "$(fmt "$(j s10-heartbeat-1k '.node_cpu_us_per_message // 0')" 1) µs CPU/request, no store work; embedded through the handle: shard threads" \
