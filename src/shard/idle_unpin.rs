@@ -20,7 +20,10 @@
 //!   shards (never onto a CPU left to io_uring workers or to the application).
 //! * The decision reads the thread's own CPU time over a window of [`WINDOW`]: unpinned
 //!   below [`UNPIN_BELOW`] of a CPU, pinned again above [`PIN_ABOVE`]; the gap between
-//!   them keeps a shard near one threshold from flapping.
+//!   them keeps a shard near one threshold from flapping. An unpinned shard busy under
+//!   [`IDLE_BELOW`] doubles its window up to the idle look (1 s), so an idle shard
+//!   wakes for it once a second; it may then take up to 1 s to pin itself again once
+//!   load begins.
 //! * Where callers look for the shard's CPU (`wait.rs`: no reply spin on the
 //!   answering shard's CPU), they keep the pinned CPU: a shard is unpinned only while
 //!   it is woken from idle, when replies are slower than a spin budget anyway.

@@ -59,7 +59,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The longest heartbeat sleep of an idle shard, and the monitor thread's period.
+/// The longest timer beat of a lightly loaded shard (an idle one's waits for its
+/// executor, module docs), and the monitor thread's shortest period.
 pub(crate) const IDLE_TICK: Duration = Duration::from_millis(100);
 /// The share of a heartbeat's sleep the shard's task queues must have run for the
 /// next sleep to be the short tick (module docs: the cost figures).
@@ -295,6 +296,7 @@ impl Beats {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
+
 /// What a heartbeat sleeps until.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Beat {
