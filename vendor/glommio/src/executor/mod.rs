@@ -58,7 +58,7 @@ use std::{
     pin::Pin,
     rc::Rc,
     sync::{Arc, Mutex},
-    task::{Context, Poll, Waker},
+    task::{Context, Poll},
     thread::{Builder, JoinHandle},
     time::{Duration, Instant},
 };
@@ -362,7 +362,7 @@ struct ExecutorQueues {
     // coremq patch q: see `ExecutorProxy::spin_for_timers_within`.
     timer_spin: Duration,
     // coremq patch ac: see `ExecutorProxy::wake_after_next_park`.
-    after_park: Option<Waker>,
+    after_park: Option<std::task::Waker>,
     stats: ExecutorStats,
 }
 
@@ -379,6 +379,7 @@ impl ExecutorQueues {
             spin_before_park,
             awake_until: None,
             timer_spin: Duration::ZERO,
+            // coremq patch ac: no waker until a task asks for one.
             after_park: None,
             stats: ExecutorStats::new(),
         }
@@ -2284,7 +2285,7 @@ impl ExecutorProxy {
     /// while its executor sleeps, and must look again once the executor has something
     /// to do: waiting for this costs no wake-up of its own. A later call replaces the
     /// waker. Outside an executor it does nothing.
-    pub fn wake_after_next_park(&self, waker: Waker) {
+    pub fn wake_after_next_park(&self, waker: std::task::Waker) {
         let set = |ex: &LocalExecutor| ex.queues.borrow_mut().after_park = Some(waker);
         #[cfg(not(feature = "native-tls"))]
         if LOCAL_EX.is_set() {
