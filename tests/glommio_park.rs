@@ -556,6 +556,17 @@ fn parked(counted: Option<(u64, u64)>, waits: u64) -> Option<(u64, u64)> {
     Some((enters, parks))
 }
 
+/// Prints `count` events over `per` units (rounds, parks) and asserts fewer than
+/// `limit` a unit.
+fn rate_below(count: u64, per: u64, what: &str, unit: &str, limit: f64) {
+    let rate = count as f64 / per as f64;
+    eprintln!("{count} {what} in {per} {unit}s: {rate:.2} a {unit}");
+    assert!(
+        rate < limit,
+        "{rate:.2} {what} per {unit} ({count} in {per})"
+    );
+}
+
 /// An executor answering a socket one request at a time (a coremq node at one send in
 /// flight): a client thread sends 8 bytes 1 ms after each answer and reads them back;
 /// with `channel`, it also sends on a channel 1 ms after that, which the executor waits
@@ -648,18 +659,11 @@ const ROUNDS: u64 = 100;
 fn an_executor_serving_a_socket_parks_with_two_enters() {
     let timer = Some(Duration::from_millis(90));
     socket_rounds("enter-count-timer", ENTERS, true, timer, |counted| {
-        let Some((enters, parks)) = parked(counted, ROUNDS) else {
+        let Some((enters, _)) = parked(counted, ROUNDS) else {
             return;
         };
-        let per_round = enters as f64 / ROUNDS as f64;
-        eprintln!(
-            "{enters} io_uring_enter in {ROUNDS} rounds ({parks} parks) with a timer pending: \
-             {per_round:.2} a round"
-        );
-        assert!(
-            per_round < 3.6,
-            "{per_round:.2} io_uring_enter per round with a timer pending ({enters} in {ROUNDS})"
-        );
+        let what = "io_uring_enter (a timer pending)";
+        rate_below(enters, ROUNDS, what, "round", 3.6);
     });
 }
 
@@ -704,12 +708,7 @@ fn a_parking_executor_keeps_its_sleep_timeout_armed() {
         let Some((enters, parks)) = parked(counted, WAITS) else {
             return;
         };
-        let per_park = enters as f64 / parks as f64;
-        eprintln!("{enters} io_uring_enter in {parks} parks: {per_park:.2} each");
-        assert!(
-            per_park < 1.5,
-            "{per_park:.2} io_uring_enter per park ({enters} in {parks})"
-        );
+        rate_below(enters, parks, "io_uring_enter", "park", 1.5);
     });
 }
 
@@ -727,12 +726,7 @@ fn a_socket_served_one_request_at_a_time_submits_nothing_per_request() {
         let Some((submitted, _)) = parked(counted, ROUNDS) else {
             return;
         };
-        let per_round = submitted as f64 / ROUNDS as f64;
-        eprintln!("{submitted} SQEs submitted in {ROUNDS} rounds: {per_round:.2} a round");
-        assert!(
-            per_round < 0.5,
-            "{per_round:.2} SQEs submitted per round ({submitted} in {ROUNDS})"
-        );
+        rate_below(submitted, ROUNDS, "SQEs submitted", "round", 0.5);
     });
 }
 
